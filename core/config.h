@@ -1,0 +1,112 @@
+// The resolved configuration of a run: one struct per YAML section (DESIGN.md §10).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data/data_config.h"
+
+namespace ulysses {
+
+// A configuration the run cannot start with. Every rank reaches the same verdict; the
+// binary exits with status 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  std::string family = "llama";  // llama | gpt2
+  int n_layers = 2;
+  int d_model = 64;
+  int n_heads = 4;
+  int n_kv_heads = 0;  // 0 = n_heads
+  int d_ff = 0;        // 0 = family default (llama: 8/3·d rounded to 32; gpt2: 4·d)
+  int vocab_size = 0;  // 0 = taken from the data source
+  int max_seq_len = 0; // 0 = train.seq_len
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  std::string init_from;  // pretrained weights to start from (later issue)
+
+  int head_dim() const { return d_model / n_heads; }
+};
+
+struct CheckpointConfig {
+  std::string dir;    // empty = no checkpoints
+  int every = 0;      // steps; 0 = only at the end
+  int keep_last = 0;  // 0 = keep all
+};
+
+struct TrainConfig {
+  int steps = 100;
+  int batch_size = 1;  // sequences per data-parallel rank per micro-step
+  int seq_len = 256;
+  int grad_accum = 1;
+  double lr = 3e-3;
+  double min_lr = 0.0;
+  int warmup_steps = 0;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 = no clipping
+  uint64_t seed = 1234;
+  int eval_every = 0;  // 0 = no periodic eval
+  int eval_steps = 4;  // batches per eval
+  CheckpointConfig checkpoint;
+};
+
+
+struct ParallelConfig {
+  int sp = 1;
+  int zero_stage = 0;
+  int head_chunks = 1;
+  bool overlap = false;
+  double bucket_mb = 25.0;
+};
+
+struct MemoryConfig {
+  std::string activation_checkpointing = "none";  // none | layer
+  bool tiled_mlp = false;
+  int loss_tile_tokens = 256;
+  double limit_gib = 0.0;  // 0 = unlimited (cpu)
+};
+
+struct KernelsConfig {
+  std::string attention = "native";  // native | cudnn
+};
+
+struct LogConfig {
+  int every = 1;
+  std::string metrics_file;
+  std::string trace_file;
+};
+
+struct Config {
+  std::string device = "cpu";  // cpu | cuda
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  ParallelConfig parallel;
+  MemoryConfig memory;
+  KernelsConfig kernels;
+  LogConfig log;
+};
+
+// Reads a YAML file, applies "a.b=value" overrides, checks every key, type and range and
+// fills defaults that depend on other keys. Throws ConfigError naming the key and line.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Same, from YAML text (tests); source_name appears in messages.
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    const std::string& source_name);
+
+// Checks that depend on the number of ranks (world % sp, heads % sp, GQA, seq_len % sp);
+// the message names the numbers and what would work.
+void validate_for_world(const Config& config, int world_size);
+
+// The resolved config as YAML, for --dry-run and the run log.
+std::string config_to_yaml(const Config& config);
+
+}  // namespace ulysses

@@ -1,0 +1,159 @@
+// The backend interface: allocation and every op the model needs. The model calls only
+// this; implementations live in kernels/cpu (fp32 reference) and kernels/cuda.
+//
+// Conventions: all tensors are row-major and contiguous. "B" = sequences, "T" = tokens of a
+// sequence held here, "C" = model width, "H" = heads, "d" = head dim, "V" = vocabulary.
+// Ops whose gradient output says "+=" accumulate into it; the rest overwrite.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/memory.h"
+#include "kernels/tensor.h"
+
+namespace ulysses {
+
+struct LossResult {
+  double loss_sum = 0.0;  // sum of -log p(target) over counted tokens
+  int64_t count = 0;      // tokens whose target is >= 0
+  int64_t correct = 0;    // counted tokens whose argmax equals the target
+};
+
+struct AdamWStep {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: p -= lr * weight_decay * p
+  int64_t step = 1;           // 1-based, for bias correction
+  float grad_scale = 1.0f;    // multiplies the gradient first (global-norm clipping)
+};
+
+class Backend {
+ public:
+  explicit Backend(int64_t memory_limit_bytes) : memory_(memory_limit_bytes) {}
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string name() const = 0;
+  // Element type of weights and activations used in the forward pass (f32 on cpu).
+  virtual DType compute_dtype() const = 0;
+  virtual void set_num_threads(int threads) = 0;
+
+  MemoryTracker& memory() { return memory_; }
+  const MemoryTracker& memory() const { return memory_; }
+  Buffer alloc(MemCategory category, DType dtype, std::initializer_list<int64_t> dims,
+               const std::string& what) {
+    return Buffer(this, category, dtype, dims, what);
+  }
+
+  // Untracked raw memory; use alloc() (a tracked Buffer) instead.
+  virtual void* raw_alloc(size_t bytes) = 0;
+  virtual void raw_free(void* pointer) = 0;
+
+  // ---- data movement -------------------------------------------------------------------
+  virtual void upload(const Tensor& dst, const void* host_src) = 0;
+  virtual void download(void* host_dst, const Tensor& src) = 0;
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same dtype and numel
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;  // f32 <-> bf16, same numel
+  virtual void fill_zero(const Tensor& dst) = 0;
+  // rows × row_bytes from src (pitch src_pitch bytes) to dst (pitch dst_pitch bytes).
+  virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                       int64_t row_bytes, int64_t rows) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- elementwise ---------------------------------------------------------------------
+  // y += alpha * x
+  virtual void axpy(const Tensor& y, const Tensor& x, float alpha) = 0;
+  virtual void scale(const Tensor& x, float alpha) = 0;
+  // sum of x*x in double precision
+  virtual double sum_squares(const Tensor& x) = 0;
+
+  // ---- GEMM ----------------------------------------------------------------------------
+  // c = alpha * op(a) · op(b) + beta * c, all 2-D; op(a) is [M, K], op(b) is [K, N],
+  // c is [M, N]; op transposes when trans_* is set.
+  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                    float alpha, float beta) = 0;
+  // out[R, N] += bias[N] on every row.
+  virtual void bias_forward(const Tensor& out, const Tensor& bias) = 0;
+  // dbias[N] += sum over rows of dout[R, N]
+  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+
+  // ---- embedding -----------------------------------------------------------------------
+  // out[B, T, C] = wte[tokens[b, t]] (+ wpe[pos_offset + t] when wpe is not empty)
+  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                 const Tensor& wpe, int64_t pos_offset) = 0;
+  // dwte += scatter of dout by token; dwpe[pos_offset + t] += sum over b of dout[b, t]
+  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                  const Tensor& tokens, int64_t pos_offset) = 0;
+
+  // ---- normalisation (rows of width C) -------------------------------------------------
+  // out = x * rstd * weight, rstd[R] = 1 / sqrt(mean(x^2) + eps)
+  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                               const Tensor& weight, float eps) = 0;
+  // dx +=, dweight +=
+  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+  // out = (x - mean) * rstd * weight + bias; saves mean[R], rstd[R]
+  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                 const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 float eps) = 0;
+  // dx +=, dweight +=, dbias +=
+  virtual void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd) = 0;
+
+  // ---- position and activation functions -----------------------------------------------
+  // In place on x[B, T, H, d]: rotate_half RoPE (Hugging Face Llama) at positions
+  // pos_offset + t; inverse = true applies the transpose rotation (the backward).
+  virtual void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) = 0;
+  // out = silu(gate) * up, all [R, F]
+  virtual void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // dgate, dup overwritten
+  virtual void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                               const Tensor& gate, const Tensor& up) = 0;
+  // tanh-approximation GELU (GPT-2)
+  virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
+  // dx overwritten
+  virtual void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+
+  // ---- attention -----------------------------------------------------------------------
+  // Causal attention with online softmax: q[B, T, Hq, d], k/v[B, T, Hkv, d] (Hq % Hkv == 0;
+  // q head h reads kv head h / (Hq / Hkv)), out[B, T, Hq, d], lse[B, Hq, T] (f32,
+  // log-sum-exp of the scaled scores). Scale 1/sqrt(d). Memory O(T·d), never O(T²).
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                 const Tensor& k, const Tensor& v) = 0;
+  // dq, dk, dv overwritten; recomputes scores from lse.
+  virtual void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                  const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse) = 0;
+
+  // ---- fused LM head + cross-entropy ---------------------------------------------------
+  // hidden[R, C], weight[V, C], targets[R] (i32, < 0 = not counted). Works over tiles of
+  // tile_rows rows so that [R, V] logits never exist. When dhidden is not empty:
+  // dhidden[R, C] = grad_scale * (softmax - onehot) · weight (overwritten; zero on rows
+  // not counted) and dweight[V, C] += grad_scale * (softmax - onehot)^T · hidden.
+  virtual LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight,
+                                  const Tensor& targets, int64_t tile_rows, float grad_scale,
+                                  const Tensor& dhidden, const Tensor& dweight) = 0;
+
+  // ---- optimizer -----------------------------------------------------------------------
+  // AdamW on f32 param/grad/m/v of equal numel (PyTorch semantics).
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWStep& step) = 0;
+
+ private:
+  MemoryTracker memory_;
+};
+
+// "cpu" or "cuda"; throws with a clear message when the device is not available in this
+// build or on this machine.
+std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes);
+
+// True when this binary was built with the CUDA backend.
+bool cuda_backend_compiled();
+
+}  // namespace ulysses

@@ -1,0 +1,71 @@
+#include "kernels/memory.h"
+
+#include <cstdio>
+
+namespace ulysses {
+
+const char* mem_category_name(MemCategory category) {
+  switch (category) {
+    case MemCategory::params: return "params";
+    case MemCategory::grads: return "grads";
+    case MemCategory::optimizer: return "optimizer";
+    case MemCategory::activations: return "activations";
+    case MemCategory::checkpoints: return "checkpoints";
+    case MemCategory::attention: return "attention";
+    case MemCategory::comm: return "comm";
+    case MemCategory::workspace: return "workspace";
+  }
+  return "unknown";
+}
+
+std::string format_bytes(int64_t bytes) {
+  char text[64];
+  double value = double(bytes);
+  if (value >= 1024.0 * 1024 * 1024) {
+    std::snprintf(text, sizeof text, "%.2f GiB", value / (1024.0 * 1024 * 1024));
+  } else if (value >= 1024.0 * 1024) {
+    std::snprintf(text, sizeof text, "%.2f MiB", value / (1024.0 * 1024));
+  } else if (value >= 1024.0) {
+    std::snprintf(text, sizeof text, "%.1f KiB", value / 1024.0);
+  } else {
+    std::snprintf(text, sizeof text, "%lld B", (long long)bytes);
+  }
+  return text;
+}
+
+void MemoryTracker::charge(MemCategory category, int64_t bytes, const std::string& what) {
+  if (limit_bytes_ > 0 && stats_.total_current + bytes > limit_bytes_) {
+    throw OutOfMemoryError("out of memory: allocating " + format_bytes(bytes) + " for " + what +
+                           " (" + mem_category_name(category) + ") would exceed memory.limit_gib (" +
+                           format_bytes(limit_bytes_) + "); held: " + describe_current());
+  }
+  int index = int(category);
+  stats_.current[index] += bytes;
+  stats_.total_current += bytes;
+  if (stats_.current[index] > stats_.peak[index]) stats_.peak[index] = stats_.current[index];
+  if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
+}
+
+void MemoryTracker::release(MemCategory category, int64_t bytes) {
+  stats_.current[int(category)] -= bytes;
+  stats_.total_current -= bytes;
+}
+
+void MemoryTracker::reset_peaks() {
+  stats_.peak = stats_.current;
+  stats_.total_peak = stats_.total_current;
+}
+
+std::string MemoryTracker::describe_current() const {
+  std::string text;
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    if (!text.empty()) text += ", ";
+    text += mem_category_name(MemCategory(i));
+    text += " ";
+    text += format_bytes(stats_.current[i]);
+  }
+  text += "; total " + format_bytes(stats_.total_current);
+  return text;
+}
+
+}  // namespace ulysses

@@ -1,0 +1,34 @@
+// Small helpers shared by the unit tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ulysses::testing {
+
+// A fresh empty directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void write_text_file(const std::string& path, const std::string& text);
+std::string read_text_file(const std::string& path);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+// Runs a shell command line and captures its output and exit status.
+CommandResult run_command(const std::string& command_line);
+
+}  // namespace ulysses::testing
