@@ -1,2 +1,144 @@
-// placeholder until the trainer lands
-int main() { return 0; }
+// ulysses-train: parses the command line, builds the run from the config and turns any
+// error into a logged message and a job-wide exit (DESIGN.md §6).
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "core/checkpoint.h"
+#include "core/config.h"
+#include "core/metrics.h"
+#include "core/params.h"
+#include "core/stop_signal.h"
+#include "core/trainer.h"
+#include "data/dataset.h"
+#include "kernels/backend.h"
+#include "parallel/mesh.h"
+#include "parallel/mpi_comm.h"
+
+namespace ulysses {
+namespace {
+
+struct Options {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool dry_run = false;
+  std::string resume;
+};
+
+int64_t memory_limit_bytes(const Config& config) {
+  return int64_t(config.memory.limit_gib * 1024.0 * 1024.0 * 1024.0);
+}
+
+// Each rank takes its share of the node's cores unless the user set thread counts.
+void set_threads(Backend& backend, Comm& world) {
+  int ranks_here = ranks_on_this_node(world);
+  if (std::getenv("OMP_NUM_THREADS")) return;
+  int cores = int(std::thread::hardware_concurrency());
+  backend.set_num_threads(std::max(1, cores / std::max(1, ranks_here)));
+}
+
+void print_plan(const Config& config, Mesh& mesh) {
+  auto backend = make_backend(config.device, 0);
+  backend->memory().set_planning(true);
+  Trainer planned(config, *backend, mesh);
+  ParamTable table(config.model);
+  if (mesh.world->rank() != 0) return;
+  std::cout << "# resolved config\n" << config_to_yaml(config) << "\n";
+  std::cout << "# model: " << config.model.family << ", " << table.total_numel()
+            << " parameters (" << format_bytes(table.total_numel() * 4) << " in fp32)\n";
+  std::cout << "# world " << mesh.world->size() << " = dp " << mesh.dp_size << " x sp "
+            << mesh.sp_size << "; each rank holds " << config.train.batch_size << " x "
+            << config.train.seq_len / mesh.sp_size << " tokens per micro-step\n";
+  std::cout << "# planned tracked memory per rank (persistent buffers; kernels add scratch):\n";
+  const MemoryStats& stats = backend->memory().stats();
+  for (int i = 0; i < kNumMemCategories; ++i)
+    std::cout << "#   " << mem_category_name(MemCategory(i)) << ": "
+              << format_bytes(stats.current[i]) << "\n";
+  std::cout << "#   total: " << format_bytes(stats.total_current) << "\n";
+}
+
+int run(const Options& options, Comm& world) {
+  Config config;
+  try {
+    config = load_config(options.config_path, options.overrides);
+    validate_for_world(config, world.size());
+  } catch (const ConfigError& error) {
+    // Every rank reaches the same verdict, so every rank exits 2 without a collective.
+    if (world.rank() == 0) spdlog::error("{}", error.what());
+    return 2;
+  }
+  Mesh mesh = make_mesh(world, config.parallel.sp);
+  if (options.dry_run) {
+    print_plan(config, mesh);
+    return 0;
+  }
+  auto backend = make_backend(config.device, memory_limit_bytes(config));
+  set_threads(*backend, world);
+  if (world.rank() == 0)
+    spdlog::info("ulysses-train: {} model, world {} = dp {} x sp {}, device {}",
+                 config.model.family, world.size(), mesh.dp_size, mesh.sp_size, backend->name());
+  std::string resume_folder;
+  if (!options.resume.empty()) {
+    if (options.resume == "auto" && config.train.checkpoint.dir.empty())
+      throw std::runtime_error("--resume auto needs train.checkpoint.dir in the config");
+    resume_folder = resolve_resume_path(options.resume, config.train.checkpoint.dir);
+    if (resume_folder.empty() && world.rank() == 0)
+      spdlog::info("--resume auto: no checkpoint in {} yet, starting from step 0",
+                   config.train.checkpoint.dir);
+  }
+  Trainer trainer(config, *backend, mesh);
+  if (!resume_folder.empty()) trainer.resume(resume_folder);
+  if (world.rank() == 0)
+    spdlog::info("{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}",
+                 trainer.model().num_params(), config.train.seq_len,
+                 config.train.seq_len / mesh.sp_size, config.train.batch_size,
+                 config.train.grad_accum);
+  trainer.run();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ulysses
+
+int main(int argc, char** argv) {
+  using namespace ulysses;
+  Options options;
+  CLI::App app{
+      "ulysses-train: trains a Llama- or GPT-2-style transformer on long sequences, each "
+      "sequence split over the ranks of a sequence-parallel group (Ulysses all-to-all).\n"
+      "Launch one process per rank, e.g.  mpirun -np 4 ulysses-train --config "
+      "configs/passkey-sp4.yaml"};
+  app.add_option("--config,-c", options.config_path, "YAML config file (see docs/configuration.md)")
+      ->required();
+  app.add_option("--set", options.overrides,
+                 "override a config key, e.g. --set train.lr=1e-3 (repeatable)");
+  app.add_flag("--dry-run", options.dry_run,
+               "validate the config, print it resolved with the parameter count and the planned "
+               "tracked memory per category, and exit");
+  app.add_option("--resume", options.resume,
+                 "continue from a checkpoint: 'auto' (the newest intact one under "
+                 "train.checkpoint.dir, or a fresh start if there is none), a step folder, or a "
+                 "checkpoint dir");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+
+  MpiSession mpi(&argc, &argv);
+  install_stop_handlers();  // after MPI_Init, which may install handlers of its own
+  std::unique_ptr<Comm> world = mpi.world();
+  spdlog::set_pattern(world->size() > 1 ? "[%H:%M:%S] [rank " + std::to_string(world->rank()) +
+                                              "] %^%l%$ %v"
+                                        : "[%H:%M:%S] %^%l%$ %v");
+  try {
+    return run(options, *world);
+  } catch (const std::exception& error) {
+    spdlog::error("{}", error.what());
+    if (world->size() > 1) world->abort(1);
+    return 1;
+  }
+}

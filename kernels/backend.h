@@ -112,12 +112,12 @@ class Backend {
   virtual void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) = 0;
   // out = silu(gate) * up, all [R, F]
   virtual void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
-  // dgate, dup overwritten
+  // dgate, dup overwritten; dout may be the same memory as dgate or dup (elementwise)
   virtual void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                                const Tensor& gate, const Tensor& up) = 0;
   // tanh-approximation GELU (GPT-2)
   virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
-  // dx overwritten
+  // dx overwritten; dx may be the same memory as dout (elementwise)
   virtual void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
 
   // ---- attention -----------------------------------------------------------------------

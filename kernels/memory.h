@@ -50,6 +50,9 @@ class MemoryTracker {
   // Forgets peaks (current stays), e.g. to measure one training step.
   void reset_peaks();
   void set_limit(int64_t limit_bytes) { limit_bytes_ = limit_bytes; }
+  // In planning mode buffers are charged but never allocated (--dry-run's memory plan).
+  void set_planning(bool planning) { planning_ = planning; }
+  bool planning() const { return planning_; }
   int64_t limit() const { return limit_bytes_; }
 
   const MemoryStats& stats() const { return stats_; }
@@ -61,6 +64,7 @@ class MemoryTracker {
 
  private:
   int64_t limit_bytes_;
+  bool planning_ = false;
   MemoryStats stats_;
 };
 

@@ -85,6 +85,10 @@ Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
     : backend_(backend), category_(category), view_(nullptr, dtype, dims) {
   size_t bytes = view_.bytes();
   backend_->memory().charge(category_, int64_t(bytes), what);
+  if (backend_->memory().planning()) {
+    planned_only_ = true;
+    return;
+  }
   try {
     view_.data = backend_->raw_alloc(bytes);
   } catch (...) {
@@ -96,16 +100,18 @@ Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
 Buffer::~Buffer() { reset(); }
 
 void Buffer::reset() {
-  if (backend_ && view_.data) {
-    backend_->raw_free(view_.data);
+  if (backend_ && (view_.data || planned_only_)) {
+    if (view_.data) backend_->raw_free(view_.data);
     backend_->memory().release(category_, int64_t(view_.bytes()));
   }
   view_ = Tensor();
   backend_ = nullptr;
+  planned_only_ = false;
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : backend_(std::exchange(other.backend_, nullptr)),
+      planned_only_(std::exchange(other.planned_only_, false)),
       category_(other.category_),
       view_(std::exchange(other.view_, Tensor())) {}
 
@@ -113,6 +119,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     reset();
     backend_ = std::exchange(other.backend_, nullptr);
+    planned_only_ = std::exchange(other.planned_only_, false);
     category_ = other.category_;
     view_ = std::exchange(other.view_, Tensor());
   }

@@ -73,6 +73,7 @@ class Buffer {
 
  private:
   Backend* backend_ = nullptr;
+  bool planned_only_ = false;  // charged in planning mode, never allocated
   MemCategory category_ = MemCategory::workspace;
   Tensor view_;
 };

@@ -1,0 +1,282 @@
+#include "core/checkpoint.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/file_util.h"
+#include "core/safetensors.h"
+
+namespace ulysses {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const char* kModelFile = "model.safetensors";
+const char* kStateFile = "trainer_state.json";
+const char* kManifestFile = "manifest.json";
+const char* kLatestFile = "latest";
+
+std::string optimizer_file_name(int shard, int shards) {
+  char name[64];
+  std::snprintf(name, sizeof name, "optimizer-%05d-of-%05d.safetensors", shard, shards);
+  return name;
+}
+
+// Step folders under dir, newest first.
+std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> folders;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
+    char* end = nullptr;
+    long long step = std::strtoll(name.c_str() + 5, &end, 10);
+    if (end && *end == '\0') folders.emplace_back(step, entry.path().string());
+  }
+  std::sort(folders.rbegin(), folders.rend());
+  return folders;
+}
+
+json read_json(const std::string& path) {
+  std::string text = read_whole_file(path);
+  json value = json::parse(text, nullptr, false);
+  if (value.is_discarded()) throw CheckpointError("checkpoint file '" + path + "' is not valid JSON");
+  return value;
+}
+
+json model_shape_json(const ModelConfig& m) {
+  return {{"family", m.family},         {"n_layers", m.n_layers},   {"d_model", m.d_model},
+          {"n_heads", m.n_heads},       {"n_kv_heads", m.n_kv_heads}, {"d_ff", m.d_ff},
+          {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}};
+}
+
+}  // namespace
+
+std::string checkpoint_folder_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", (long long)step);
+  return name;
+}
+
+void verify_checkpoint(const std::string& folder) {
+  const std::string manifest_path = folder + "/" + kManifestFile;
+  if (!fs::exists(manifest_path))
+    throw CheckpointError("checkpoint '" + folder + "' has no " + kManifestFile +
+                          " (incomplete or not a checkpoint)");
+  json manifest;
+  try {
+    manifest = read_json(manifest_path);
+  } catch (const std::exception& error) {
+    throw CheckpointError(error.what());
+  }
+  if (!manifest.is_object() || manifest.value("format", "") != "ulysses-checkpoint")
+    throw CheckpointError("'" + manifest_path + "' is not a ulysses checkpoint manifest");
+  int version = manifest.value("format_version", -1);
+  if (version != kCheckpointFormatVersion)
+    throw CheckpointError("'" + manifest_path + "' has format_version " + std::to_string(version) +
+                          "; this build reads version " +
+                          std::to_string(kCheckpointFormatVersion));
+  if (!manifest.contains("files") || !manifest["files"].is_object())
+    throw CheckpointError("'" + manifest_path + "' lists no files");
+  for (const auto& [name, info] : manifest["files"].items()) {
+    const std::string path = folder + "/" + name;
+    std::error_code error;
+    if (!fs::exists(path, error))
+      throw CheckpointError("checkpoint file '" + path + "' is missing");
+    uint64_t expected_bytes = info.value("bytes", uint64_t(0));
+    uint64_t actual_bytes = fs::file_size(path, error);
+    if (error || actual_bytes != expected_bytes)
+      throw CheckpointError("checkpoint file '" + path + "' has " + std::to_string(actual_bytes) +
+                            " bytes, the manifest says " + std::to_string(expected_bytes) +
+                            " (truncated or overwritten)");
+    uint32_t expected_crc = info.value("crc32", uint32_t(0));
+    if (crc32_of_file(path) != expected_crc)
+      throw CheckpointError("checkpoint file '" + path + "' fails its CRC-32 checksum (corrupted)");
+  }
+}
+
+std::string find_latest_checkpoint(const std::string& dir) {
+  std::error_code error;
+  if (dir.empty() || !fs::is_directory(dir, error)) return "";
+  const std::string latest_path = dir + "/" + kLatestFile;
+  if (fs::exists(latest_path, error)) {
+    std::string name = read_whole_file(latest_path);
+    name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
+    try {
+      verify_checkpoint(dir + "/" + name);
+      return dir + "/" + name;
+    } catch (const CheckpointError& problem) {
+      spdlog::warn("latest checkpoint unusable ({}); looking for an older one", problem.what());
+    }
+  }
+  for (const auto& [step, folder] : step_folders(dir)) {
+    try {
+      verify_checkpoint(folder);
+      return folder;
+    } catch (const CheckpointError& problem) {
+      spdlog::warn("skipping checkpoint: {}", problem.what());
+    }
+  }
+  return "";
+}
+
+std::string resolve_resume_path(const std::string& resume, const std::string& checkpoint_dir) {
+  if (resume == "auto") return find_latest_checkpoint(checkpoint_dir);
+  std::error_code error;
+  if (fs::exists(resume + "/" + kManifestFile, error)) return resume;
+  if (fs::is_directory(resume, error)) {
+    std::string found = find_latest_checkpoint(resume);
+    if (!found.empty()) return found;
+  }
+  throw CheckpointError("--resume " + resume + ": no intact checkpoint there");
+}
+
+Checkpointer::Checkpointer(const Config& config, Backend& backend, Comm& world)
+    : config_(config), backend_(backend), world_(world) {}
+
+std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& optimizer) {
+  const std::string dir = config_.train.checkpoint.dir;
+  const std::string name = checkpoint_folder_name(step);
+  const std::string final_path = dir + "/" + name;
+  if (world_.rank() == 0) {
+    const ParamTable& table = model.table();
+    const int64_t total = table.total_numel();
+    fs::create_directories(dir);
+    const std::string temp_path = dir + "/.tmp-" + name;
+    fs::remove_all(temp_path);
+    fs::create_directory(temp_path);
+
+    std::vector<float> host(static_cast<size_t>(total));
+    backend_.download(host.data(), model.params());
+    SafetensorsWriter weights;
+    for (const ParamSpec& spec : table.specs())
+      weights.add(spec.name, spec.shape, host.data() + spec.offset);
+    weights.set_metadata("format", "ulysses");
+    weights.set_metadata("step", std::to_string(step));
+    weights.set_metadata("family", config_.model.family);
+    weights.write(temp_path + "/" + kModelFile);
+
+    // Optimizer state as flat ranges of the parameter buffer, so that a run with another
+    // sharding can take any range from any file.
+    std::vector<float> second(static_cast<size_t>(total));
+    backend_.download(host.data(), optimizer.first_moment());
+    backend_.download(second.data(), optimizer.second_moment());
+    SafetensorsWriter moments;
+    moments.add("exp_avg", {total}, host.data());
+    moments.add("exp_avg_sq", {total}, second.data());
+    moments.set_metadata("begin", "0");
+    moments.set_metadata("end", std::to_string(total));
+    moments.set_metadata("total", std::to_string(total));
+    const std::string optimizer_name = optimizer_file_name(0, 1);
+    moments.write(temp_path + "/" + optimizer_name);
+
+    json state = {{"format_version", kCheckpointFormatVersion},
+                  {"step", step},
+                  {"sequences_consumed", step * int64_t(config_.train.grad_accum) *
+                                             config_.train.batch_size *
+                                             (world_.size() / config_.parallel.sp)},
+                  {"rng", {{"seed", config_.train.seed},
+                           {"note", "all randomness derives from (seed, step, sequence index)"}}},
+                  {"world_size", world_.size()},
+                  {"sp", config_.parallel.sp},
+                  {"model", model_shape_json(config_.model)},
+                  {"optimizer_shards", {optimizer_name}}};
+    write_file_durably(temp_path + "/" + kStateFile, state.dump(2) + "\n");
+
+    json files = json::object();
+    for (const std::string& file : {std::string(kModelFile), optimizer_name, std::string(kStateFile)}) {
+      const std::string path = temp_path + "/" + file;
+      files[file] = {{"bytes", uint64_t(fs::file_size(path))}, {"crc32", crc32_of_file(path)}};
+    }
+    json manifest = {{"format", "ulysses-checkpoint"},
+                     {"format_version", kCheckpointFormatVersion},
+                     {"step", step},
+                     {"files", files}};
+    write_file_durably(temp_path + "/" + kManifestFile, manifest.dump(2) + "\n");
+    fsync_directory(temp_path);
+
+    // A folder of the same step (a rerun) is moved aside, never half-replaced.
+    const std::string old_path = dir + "/.old-" + name;
+    fs::remove_all(old_path);
+    if (fs::exists(final_path)) rename_or_throw(final_path, old_path);
+    rename_or_throw(temp_path, final_path);
+    fsync_directory(dir);
+    write_file_durably(dir + "/" + kLatestFile + ".tmp", name + "\n");
+    rename_or_throw(dir + "/" + kLatestFile + ".tmp", dir + "/" + kLatestFile);
+    fsync_directory(dir);
+    fs::remove_all(old_path);
+
+    const int keep = config_.train.checkpoint.keep_last;
+    if (keep > 0) {
+      auto folders = step_folders(dir);
+      for (size_t i = size_t(keep); i < folders.size(); ++i)
+        if (folders[i].second != final_path) fs::remove_all(folders[i].second);
+    }
+  }
+  world_.barrier();
+  return final_path;
+}
+
+int64_t Checkpointer::load(const std::string& folder, Model& model, AdamW& optimizer) {
+  verify_checkpoint(folder);
+  const json state = read_json(folder + "/" + kStateFile);
+  if (state.value("format_version", -1) != kCheckpointFormatVersion)
+    throw CheckpointError("'" + folder + "/" + kStateFile + "' has an unknown format_version");
+  const json expected = model_shape_json(config_.model);
+  for (const auto& [key, value] : expected.items()) {
+    if (!state["model"].contains(key) || state["model"][key] != value)
+      throw CheckpointError("checkpoint '" + folder + "' was written for model." + key + "=" +
+                            (state["model"].contains(key) ? state["model"][key].dump() : "?") +
+                            ", this run has model." + key + "=" + value.dump());
+  }
+
+  const ParamTable& table = model.table();
+  const int64_t total = table.total_numel();
+  std::vector<float> host(static_cast<size_t>(total));
+  try {
+    SafetensorsReader weights(folder + "/" + kModelFile);
+    for (const ParamSpec& spec : table.specs())
+      weights.read_f32(spec.name, spec.shape, host.data() + spec.offset);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw CheckpointError(error.what());
+  }
+  backend_.upload(model.params(), host.data());
+
+  std::vector<float> second(static_cast<size_t>(total));
+  int64_t covered = 0;
+  for (const auto& shard_name : state.at("optimizer_shards")) {
+    const std::string path = folder + "/" + shard_name.get<std::string>();
+    try {
+      SafetensorsReader shard(path);
+      int64_t begin = std::stoll(shard.metadata().at("begin"));
+      int64_t end = std::stoll(shard.metadata().at("end"));
+      if (begin < 0 || end > total || begin > end)
+        throw CheckpointError("'" + path + "' covers elements [" + std::to_string(begin) + ", " +
+                              std::to_string(end) + ") of a model with " + std::to_string(total));
+      shard.read_f32("exp_avg", {end - begin}, host.data() + begin);
+      shard.read_f32("exp_avg_sq", {end - begin}, second.data() + begin);
+      covered += end - begin;
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const std::exception& error) {
+      throw CheckpointError("optimizer state '" + path + "': " + error.what());
+    }
+  }
+  if (covered != total)
+    throw CheckpointError("the optimizer files of '" + folder + "' cover " +
+                          std::to_string(covered) + " of " + std::to_string(total) + " elements");
+  backend_.upload(optimizer.first_moment(), host.data());
+  backend_.upload(optimizer.second_moment(), second.data());
+  return state.at("step").get<int64_t>();
+}
+
+}  // namespace ulysses

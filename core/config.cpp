@@ -1,0 +1,734 @@
+#include "core/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <variant>
+
+#include "data/dataset.h"
+#include "data/synthetic.h"
+
+namespace ulysses {
+
+namespace {
+
+// ---- the table of keys -----------------------------------------------------------------
+
+// One config key and the member it fills. Parsing, overrides, unknown-key suggestions and
+// config_to_yaml all walk this one table.
+using FieldRef = std::variant<int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&),
+                              bool& (*)(Config&), std::string& (*)(Config&)>;
+
+struct Field {
+  std::string key;  // full dotted key, e.g. "train.checkpoint.dir"
+  FieldRef ref;
+};
+
+// clang-format off
+#define ULYSSES_FIELD(path) Field{#path, [](Config& c) -> auto& { return c.path; }}
+// clang-format on
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      ULYSSES_FIELD(device),
+      ULYSSES_FIELD(model.family),
+      ULYSSES_FIELD(model.n_layers),
+      ULYSSES_FIELD(model.d_model),
+      ULYSSES_FIELD(model.n_heads),
+      ULYSSES_FIELD(model.n_kv_heads),
+      ULYSSES_FIELD(model.d_ff),
+      ULYSSES_FIELD(model.vocab_size),
+      ULYSSES_FIELD(model.max_seq_len),
+      ULYSSES_FIELD(model.rope_theta),
+      ULYSSES_FIELD(model.norm_eps),
+      ULYSSES_FIELD(model.init_from),
+      ULYSSES_FIELD(train.steps),
+      ULYSSES_FIELD(train.batch_size),
+      ULYSSES_FIELD(train.seq_len),
+      ULYSSES_FIELD(train.grad_accum),
+      ULYSSES_FIELD(train.lr),
+      ULYSSES_FIELD(train.min_lr),
+      ULYSSES_FIELD(train.warmup_steps),
+      ULYSSES_FIELD(train.weight_decay),
+      ULYSSES_FIELD(train.beta1),
+      ULYSSES_FIELD(train.beta2),
+      ULYSSES_FIELD(train.eps),
+      ULYSSES_FIELD(train.grad_clip),
+      ULYSSES_FIELD(train.seed),
+      ULYSSES_FIELD(train.eval_every),
+      ULYSSES_FIELD(train.eval_steps),
+      ULYSSES_FIELD(train.checkpoint.dir),
+      ULYSSES_FIELD(train.checkpoint.every),
+      ULYSSES_FIELD(train.checkpoint.keep_last),
+      ULYSSES_FIELD(data.source),
+      ULYSSES_FIELD(data.path),
+      ULYSSES_FIELD(data.val_path),
+      ULYSSES_FIELD(data.val_fraction),
+      ULYSSES_FIELD(data.n_pairs),
+      ULYSSES_FIELD(data.n_queries),
+      ULYSSES_FIELD(data.n_keys),
+      ULYSSES_FIELD(data.n_values),
+      ULYSSES_FIELD(data.n_filler),
+      ULYSSES_FIELD(data.plant_fraction),
+      ULYSSES_FIELD(parallel.sp),
+      ULYSSES_FIELD(parallel.zero_stage),
+      ULYSSES_FIELD(parallel.head_chunks),
+      ULYSSES_FIELD(parallel.overlap),
+      ULYSSES_FIELD(parallel.bucket_mb),
+      ULYSSES_FIELD(memory.activation_checkpointing),
+      ULYSSES_FIELD(memory.tiled_mlp),
+      ULYSSES_FIELD(memory.loss_tile_tokens),
+      ULYSSES_FIELD(memory.limit_gib),
+      ULYSSES_FIELD(kernels.attention),
+      ULYSSES_FIELD(log.every),
+      ULYSSES_FIELD(log.metrics_file),
+      ULYSSES_FIELD(log.trace_file),
+  };
+  return table;
+}
+
+#undef ULYSSES_FIELD
+
+const Field* find_field(const std::string& key) {
+  for (const Field& field : fields()) {
+    if (field.key == key) return &field;
+  }
+  return nullptr;
+}
+
+// A section is any proper prefix of a key: "model", "train", "train.checkpoint".
+bool is_section(const std::string& key) {
+  for (const Field& field : fields()) {
+    if (field.key.size() > key.size() && field.key.compare(0, key.size(), key) == 0 &&
+        field.key[key.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> known_keys() {
+  std::vector<std::string> keys;
+  for (const Field& field : fields()) {
+    keys.push_back(field.key);
+    for (size_t dot = field.key.find('.'); dot != std::string::npos;
+         dot = field.key.find('.', dot + 1)) {
+      std::string section = field.key.substr(0, dot);
+      if (std::find(keys.begin(), keys.end(), section) == keys.end()) keys.push_back(section);
+    }
+  }
+  return keys;
+}
+
+std::string last_component(const std::string& key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) previous[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    current[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      size_t substitute = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitute});
+    }
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+// The known key a misspelt or misplaced one most likely meant: the same name in another
+// section first (train.vocab_size -> model.vocab_size), else the closest spelling.
+std::string closest_key(const std::string& unknown) {
+  std::vector<std::string> keys = known_keys();
+  for (const std::string& key : keys) {
+    if (key.find('.') != std::string::npos && last_component(key) == last_component(unknown)) {
+      return key;
+    }
+  }
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const std::string& key : keys) {
+    size_t distance = edit_distance(unknown, key);
+    if (distance < best_distance) {
+      best = key;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+std::string unknown_key_message(const std::string& key) {
+  return "unknown key '" + key + "'; did you mean '" + closest_key(key) + "'?";
+}
+
+// ---- value conversion ------------------------------------------------------------------
+
+std::string format_double(double value) {
+  char text[64];
+  auto result = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, result.ptr);
+}
+
+template <typename T>
+std::string format_value(const T& value) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return "'" + value + "'";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return value ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return format_double(value);
+  } else {
+    return std::to_string(value);
+  }
+}
+
+std::string trim(const std::string& text) {
+  size_t begin = text.find_first_not_of(" \t");
+  size_t end = text.find_last_not_of(" \t");
+  return begin == std::string::npos ? "" : text.substr(begin, end - begin + 1);
+}
+
+std::string describe_node(const YAML::Node& node) {
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  if (node.IsNull()) return "nothing";
+  return "'" + node.Scalar() + "'";
+}
+
+// True when the whole text (an optional leading '+' aside) is an integer that fits T.
+template <typename T>
+bool parse_integer(std::string text, T& out) {
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
+  const char* end = text.data() + text.size();
+  auto result = std::from_chars(text.data(), end, out);
+  return !text.empty() && result.ec == std::errc() && result.ptr == end;
+}
+
+bool parse_double(std::string text, double& out) {
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
+  const char* end = text.data() + text.size();
+  auto result = std::from_chars(text.data(), end, out);
+  return !text.empty() && result.ec == std::errc() && result.ptr == end && std::isfinite(out);
+}
+
+// YAML 1.1 spellings, which users write in configs.
+bool parse_bool(const std::string& text, bool& out) {
+  static const std::vector<std::string> kTrue = {"true", "True", "TRUE", "yes", "Yes", "on", "On"};
+  static const std::vector<std::string> kFalse = {"false", "False", "FALSE", "no",
+                                                  "No",    "off",   "Off"};
+  if (std::find(kTrue.begin(), kTrue.end(), text) != kTrue.end()) {
+    out = true;
+    return true;
+  }
+  if (std::find(kFalse.begin(), kFalse.end(), text) != kFalse.end()) {
+    out = false;
+    return true;
+  }
+  return false;
+}
+
+// Returns the problem with the node as a value of this type, or "" when it was stored.
+std::string convert(const YAML::Node& node, int& out) {
+  if (node.IsScalar() && parse_integer(node.Scalar(), out)) return "";
+  return "expected an integer, got " + describe_node(node);
+}
+
+std::string convert(const YAML::Node& node, uint64_t& out) {
+  if (node.IsScalar() && parse_integer(node.Scalar(), out)) return "";
+  return "expected a non-negative integer, got " + describe_node(node);
+}
+
+std::string convert(const YAML::Node& node, double& out) {
+  if (node.IsScalar() && parse_double(node.Scalar(), out)) return "";
+  return "expected a number, got " + describe_node(node);
+}
+
+std::string convert(const YAML::Node& node, bool& out) {
+  if (node.IsScalar() && parse_bool(node.Scalar(), out)) return "";
+  return "expected true or false, got " + describe_node(node);
+}
+
+std::string convert(const YAML::Node& node, std::string& out) {
+  if (node.IsNull()) {
+    out.clear();
+    return "";
+  }
+  if (node.IsScalar()) {
+    out = node.Scalar();
+    return "";
+  }
+  return "expected a string, got " + describe_node(node);
+}
+
+// ---- reading the tree ------------------------------------------------------------------
+
+// A key given in the file or an override: its value and where it came from.
+struct GivenValue {
+  YAML::Node value;
+  std::string where;  // "config.yaml:12" or "override 'train.lr=1e-3'"
+};
+
+class ConfigReader {
+ public:
+  explicit ConfigReader(std::string source_name) : source_(std::move(source_name)) {}
+
+  void read_file_tree(const std::string& yaml_text) {
+    YAML::Node root;
+    try {
+      root = YAML::Load(yaml_text);
+    } catch (const YAML::Exception& error) {
+      throw ConfigError(source_ + ":" + std::to_string(error.mark.line + 1) +
+                        ": invalid YAML: " + error.msg);
+    }
+    if (root.IsNull()) return;
+    if (!root.IsMap()) {
+      throw ConfigError(line_of(root) + ": the config must be a map of sections (device, " +
+                        "model, train, data, parallel, memory, kernels, log), got " +
+                        describe_node(root));
+    }
+    collect(root, "");
+  }
+
+  void apply_override(const std::string& override_text) {
+    std::string where = "override '" + override_text + "'";
+    size_t equals = override_text.find('=');
+    if (equals == std::string::npos) {
+      throw ConfigError(where + ": expected key=value, e.g. train.lr=1e-3");
+    }
+    std::string key = trim(override_text.substr(0, equals));
+    if (!find_field(key)) {
+      if (is_section(key)) {
+        throw ConfigError(where + ": '" + key + "' is a section; set one of its keys, e.g. " +
+                          first_key_of(key) + "=...");
+      }
+      throw ConfigError(where + ": " + unknown_key_message(key));
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(override_text.substr(equals + 1));
+    } catch (const YAML::Exception& error) {
+      throw ConfigError(where + ": invalid YAML value: " + error.msg);
+    }
+    given_[key] = GivenValue{value, where};
+  }
+
+  // Stores every given key into the config, checking its type.
+  void fill(Config& config) const {
+    for (const Field& field : fields()) {
+      auto given = given_.find(field.key);
+      if (given == given_.end()) continue;
+      std::string problem = std::visit(
+          [&](auto ref) { return convert(given->second.value, ref(config)); }, field.ref);
+      if (!problem.empty()) fail(field.key, problem);
+    }
+  }
+
+  // "config.yaml:12", an override, or "" for a key left at its default.
+  std::string where(const std::string& key) const {
+    auto given = given_.find(key);
+    return given == given_.end() ? "" : given->second.where;
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    std::string location = where(key);
+    if (location.empty()) location = source_;
+    throw ConfigError(location + ": " + key + ": " + problem);
+  }
+
+  // "model.n_heads = 12 (config.yaml:5)", for messages that involve a second key.
+  std::string show(const Config& config, const std::string& key) const {
+    std::string location = where(key);
+    return key + " = " + value_text(config, key) + " (" +
+           (location.empty() ? "default" : location) + ")";
+  }
+
+  static std::string value_text(const Config& config, const std::string& key) {
+    Config copy = config;  // the table's accessors take a mutable Config
+    return std::visit([&](auto ref) { return format_value(ref(copy)); }, find_field(key)->ref);
+  }
+
+ private:
+  std::string line_of(const YAML::Node& node) const {
+    return source_ + ":" + std::to_string(node.Mark().line + 1);
+  }
+
+  static std::string first_key_of(const std::string& section) {
+    for (const Field& field : fields()) {
+      if (field.key.compare(0, section.size() + 1, section + ".") == 0) return field.key;
+    }
+    return section;
+  }
+
+  void collect(const YAML::Node& map, const std::string& prefix) {
+    for (const auto& entry : map) {
+      // Copies: the iterator hands out a temporary pair of node handles.
+      YAML::Node key_node = entry.first;
+      YAML::Node value = entry.second;
+      if (!key_node.IsScalar()) {
+        throw ConfigError(line_of(key_node) + ": keys must be plain names, got " +
+                          describe_node(key_node));
+      }
+      std::string key = prefix + key_node.Scalar();
+      std::string location = line_of(key_node);
+      if (find_field(key)) {
+        if (given_.count(key)) {
+          throw ConfigError(location + ": " + key + ": given twice (first at " + given_[key].where +
+                            ")");
+        }
+        given_[key] = GivenValue{value, location};
+      } else if (is_section(key)) {
+        if (value.IsMap()) {
+          collect(value, key + ".");
+        } else if (!value.IsNull()) {
+          throw ConfigError(location + ": " + key + ": expected a map of " + key +
+                            ".* keys (e.g. " + first_key_of(key) + "), got " +
+                            describe_node(value));
+        }
+      } else {
+        throw ConfigError(location + ": " + unknown_key_message(key));
+      }
+    }
+  }
+
+  std::string source_;
+  std::map<std::string, GivenValue> given_;
+};
+
+// ---- validation ------------------------------------------------------------------------
+
+std::string join_choices(const std::vector<std::string>& choices) {
+  std::string text;
+  for (size_t i = 0; i < choices.size(); i++) {
+    if (i > 0) text += i + 1 == choices.size() ? " or " : ", ";
+    text += choices[i];
+  }
+  return text;
+}
+
+std::vector<std::string> divisors_of(int n) {
+  std::vector<std::string> divisors;
+  for (int d = 1; d <= n; d++) {
+    if (n % d == 0) divisors.push_back(std::to_string(d));
+  }
+  return divisors;
+}
+
+// Range and choice checks that report through the reader, so messages carry locations.
+struct Checks {
+  const ConfigReader& reader;
+  const Config& config;
+
+  void choice(const std::string& key, const std::string& value,
+              const std::vector<std::string>& allowed) const {
+    if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+      reader.fail(key, "'" + value + "' is not allowed; use " + join_choices(allowed));
+    }
+  }
+
+  template <typename T>
+  void at_least(const std::string& key, T value, T minimum) const {
+    if (value < minimum) {
+      reader.fail(key, "must be >= " + format_value(minimum) + ", got " + format_value(value));
+    }
+  }
+
+  template <typename T>
+  void between(const std::string& key, T value, T low, T high) const {
+    if (value < low || value > high) {
+      reader.fail(key, "must be between " + format_value(low) + " and " + format_value(high) +
+                           ", got " + format_value(value));
+    }
+  }
+
+  void positive(const std::string& key, double value) const {
+    if (!(value > 0.0)) reader.fail(key, "must be > 0, got " + format_double(value));
+  }
+
+  // [0, 1): Adam betas, the validation fraction.
+  void unit_interval(const std::string& key, double value) const {
+    if (!(value >= 0.0 && value < 1.0)) {
+      reader.fail(key, "must be >= 0 and < 1, got " + format_double(value));
+    }
+  }
+
+  std::string show(const std::string& key) const { return reader.show(config, key); }
+};
+
+void check_ranges(const ConfigReader& reader, const Config& c) {
+  Checks check{reader, c};
+  check.choice("device", c.device, {"cpu", "cuda"});
+
+  check.choice("model.family", c.model.family, {"llama", "gpt2"});
+  check.at_least("model.n_layers", c.model.n_layers, 1);
+  check.at_least("model.d_model", c.model.d_model, 1);
+  check.at_least("model.n_heads", c.model.n_heads, 1);
+  check.at_least("model.n_kv_heads", c.model.n_kv_heads, 0);
+  check.at_least("model.d_ff", c.model.d_ff, 0);
+  check.at_least("model.vocab_size", c.model.vocab_size, 0);
+  check.at_least("model.max_seq_len", c.model.max_seq_len, 0);
+  check.positive("model.rope_theta", c.model.rope_theta);
+  check.positive("model.norm_eps", c.model.norm_eps);
+
+  check.at_least("train.steps", c.train.steps, 1);
+  check.at_least("train.batch_size", c.train.batch_size, 1);
+  check.at_least("train.seq_len", c.train.seq_len, 2);
+  check.at_least("train.grad_accum", c.train.grad_accum, 1);
+  check.positive("train.lr", c.train.lr);
+  check.at_least("train.min_lr", c.train.min_lr, 0.0);
+  check.at_least("train.warmup_steps", c.train.warmup_steps, 0);
+  check.at_least("train.weight_decay", c.train.weight_decay, 0.0);
+  check.unit_interval("train.beta1", c.train.beta1);
+  check.unit_interval("train.beta2", c.train.beta2);
+  check.positive("train.eps", c.train.eps);
+  check.at_least("train.grad_clip", c.train.grad_clip, 0.0);
+  check.at_least("train.eval_every", c.train.eval_every, 0);
+  check.at_least("train.eval_steps", c.train.eval_steps, 1);
+  check.at_least("train.checkpoint.every", c.train.checkpoint.every, 0);
+  check.at_least("train.checkpoint.keep_last", c.train.checkpoint.keep_last, 0);
+
+  check.choice("data.source", c.data.source, {"synthetic", "text", "tokens"});
+  check.unit_interval("data.val_fraction", c.data.val_fraction);
+  check.at_least("data.n_pairs", c.data.n_pairs, 1);
+  check.at_least("data.n_queries", c.data.n_queries, 1);
+  check.at_least("data.n_keys", c.data.n_keys, 1);
+  check.at_least("data.n_values", c.data.n_values, 1);
+  check.at_least("data.n_filler", c.data.n_filler, 1);
+  if (!(c.data.plant_fraction > 0.0 && c.data.plant_fraction <= 1.0)) {
+    reader.fail("data.plant_fraction",
+                "must be > 0 and <= 1, got " + format_double(c.data.plant_fraction));
+  }
+
+  check.at_least("parallel.sp", c.parallel.sp, 1);
+  check.between("parallel.zero_stage", c.parallel.zero_stage, 0, 3);
+  check.at_least("parallel.head_chunks", c.parallel.head_chunks, 1);
+  check.positive("parallel.bucket_mb", c.parallel.bucket_mb);
+
+  check.choice("memory.activation_checkpointing", c.memory.activation_checkpointing,
+               {"none", "layer"});
+  check.at_least("memory.loss_tile_tokens", c.memory.loss_tile_tokens, 1);
+  check.at_least("memory.limit_gib", c.memory.limit_gib, 0.0);
+
+  check.choice("kernels.attention", c.kernels.attention, {"native", "cudnn"});
+
+  check.at_least("log.every", c.log.every, 1);
+}
+
+// Defaults that depend on other keys.
+void resolve_defaults(const ConfigReader& reader, Config& c) {
+  ModelConfig& m = c.model;
+  if (m.n_kv_heads == 0) m.n_kv_heads = m.n_heads;
+  if (m.d_ff == 0) {
+    if (m.family == "llama") {
+      int eight_thirds = (8 * m.d_model + 2) / 3;  // ceil(8·d / 3)
+      m.d_ff = (eight_thirds + 31) / 32 * 32;
+    } else {
+      m.d_ff = 4 * m.d_model;
+    }
+  }
+  if (m.max_seq_len == 0) m.max_seq_len = c.train.seq_len;
+  if (m.vocab_size == 0) {
+    if (c.data.source == "tokens") {
+      reader.fail("model.vocab_size", "is required with " + reader.show(c, "data.source") +
+                                          ": token shards do not say their vocabulary; set "
+                                          "it to the tokenizer's vocabulary size");
+    }
+    m.vocab_size = default_vocab_size(c.data);
+  }
+}
+
+void check_cross_keys(const ConfigReader& reader, const Config& c) {
+  Checks check{reader, c};
+  const ModelConfig& m = c.model;
+
+  if (c.train.min_lr > c.train.lr) {
+    reader.fail("train.min_lr", format_double(c.train.min_lr) + " is above " +
+                                    check.show("train.lr") +
+                                    "; the schedule decays from lr down to min_lr");
+  }
+  if (m.d_model % m.n_heads != 0) {
+    reader.fail("model.d_model", std::to_string(m.d_model) + " is not divisible by " +
+                                     check.show("model.n_heads") + "; heads split d_model evenly");
+  }
+  if (m.n_kv_heads > m.n_heads || m.n_heads % m.n_kv_heads != 0) {
+    reader.fail("model.n_kv_heads",
+                std::to_string(m.n_kv_heads) + " does not divide " + check.show("model.n_heads") +
+                    "; each kv head serves a whole group of query heads; n_kv_heads can be " +
+                    join_choices(divisors_of(m.n_heads)));
+  }
+  if (m.family == "llama" && m.head_dim() % 2 != 0) {
+    reader.fail("model.d_model", "head_dim = d_model / n_heads = " + std::to_string(m.head_dim()) +
+                                     " is odd (" + check.show("model.n_heads") +
+                                     "); RoPE rotates pairs of dimensions and needs it even");
+  }
+  if (m.family == "gpt2" && m.n_kv_heads != m.n_heads) {
+    reader.fail("model.n_kv_heads", std::to_string(m.n_kv_heads) + " differs from " +
+                                        check.show("model.n_heads") +
+                                        "; model.family gpt2 has no grouped-query attention");
+  }
+  if (c.train.seq_len > m.max_seq_len) {
+    reader.fail("train.seq_len",
+                std::to_string(c.train.seq_len) + " is above " + check.show("model.max_seq_len"));
+  }
+  if ((c.data.source == "text" || c.data.source == "tokens") && c.data.path.empty()) {
+    reader.fail("data.path", "is required with " + check.show("data.source") +
+                                 ": give a file, a folder or a glob");
+  }
+  if (c.data.source == "synthetic") {
+    if (c.data.n_queries > c.data.n_pairs) {
+      reader.fail("data.n_queries", std::to_string(c.data.n_queries) + " is above " +
+                                        check.show("data.n_pairs") +
+                                        "; each query asks for a different planted pair");
+    }
+    if (c.data.n_keys < c.data.n_pairs) {
+      reader.fail("data.n_keys", std::to_string(c.data.n_keys) + " is below " +
+                                     check.show("data.n_pairs") + "; planted keys are distinct");
+    }
+    int64_t needed = synthetic_min_seq_len(c.data);
+    if (c.train.seq_len < needed) {
+      reader.fail("train.seq_len",
+                  std::to_string(c.train.seq_len) +
+                      " is too short for the synthetic task: BOS + 3 tokens for each of " +
+                      check.show("data.n_pairs") + " and " + check.show("data.n_queries") +
+                      " needs " + std::to_string(needed));
+    }
+  }
+  int needed_vocab = default_vocab_size(c.data);
+  if (m.vocab_size < needed_vocab) {
+    reader.fail("model.vocab_size", std::to_string(m.vocab_size) + " is below the " +
+                                        std::to_string(needed_vocab) + " tokens data.source " +
+                                        c.data.source + " needs");
+  }
+  if (c.kernels.attention == "cudnn" && c.device != "cuda") {
+    reader.fail("kernels.attention", "cudnn needs device: cuda, but " + check.show("device"));
+  }
+}
+
+// ---- YAML output -----------------------------------------------------------------------
+
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  std::stringstream stream(key);
+  std::string part;
+  while (std::getline(stream, part, '.')) parts.push_back(part);
+  return parts;
+}
+
+std::string scalar_text(Config& config, const Field& field) {
+  return std::visit(
+      [&](auto ref) -> std::string {
+        const auto& value = ref(config);
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return value;
+        } else {
+          return format_value(value);
+        }
+      },
+      field.ref);
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    const std::string& source_name) {
+  ConfigReader reader(source_name);
+  reader.read_file_tree(yaml_text);
+  for (const std::string& override_text : overrides) reader.apply_override(override_text);
+  Config config;
+  reader.fill(config);
+  check_ranges(reader, config);
+  resolve_defaults(reader, config);
+  check_cross_keys(reader, config);
+  return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": config file does not exist or cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), overrides, path);
+}
+
+void validate_for_world(const Config& config, int world_size) {
+  const int sp = config.parallel.sp;
+  const int n_heads = config.model.n_heads;
+  const int n_kv_heads = config.model.n_kv_heads == 0 ? n_heads : config.model.n_kv_heads;
+  if (world_size < 1) {
+    throw ConfigError("the job has " + std::to_string(world_size) + " ranks; it needs at least 1");
+  }
+  if (world_size % sp != 0) {
+    throw ConfigError("parallel.sp=" + std::to_string(sp) + " does not divide the " +
+                      std::to_string(world_size) + " ranks of the job; sp can be " +
+                      join_choices(divisors_of(world_size)));
+  }
+  if (n_heads % sp != 0) {
+    throw ConfigError("model.n_heads=" + std::to_string(n_heads) +
+                      " is not divisible by parallel.sp=" + std::to_string(sp) + "; sp can be " +
+                      join_choices(divisors_of(n_heads)));
+  }
+  if (n_kv_heads % sp != 0 && sp % n_kv_heads != 0) {
+    throw ConfigError("model.n_kv_heads=" + std::to_string(n_kv_heads) +
+                      " and parallel.sp=" + std::to_string(sp) +
+                      " do not fit: kv heads are split over the sp ranks when n_kv_heads % sp "
+                      "== 0, or replicated when sp % n_kv_heads == 0, and neither holds");
+  }
+  if (config.train.seq_len % sp != 0) {
+    int below = config.train.seq_len / sp * sp;
+    throw ConfigError("train.seq_len=" + std::to_string(config.train.seq_len) +
+                      " is not divisible by parallel.sp=" + std::to_string(sp) +
+                      "; every rank holds an equal slice, e.g. use " +
+                      (below > 0 ? std::to_string(below) + " or " : "") +
+                      std::to_string(below + sp));
+  }
+  int heads_per_rank = n_heads / sp;
+  if (heads_per_rank % config.parallel.head_chunks != 0) {
+    throw ConfigError("parallel.head_chunks=" + std::to_string(config.parallel.head_chunks) +
+                      " does not divide the " + std::to_string(heads_per_rank) +
+                      " heads per rank (model.n_heads=" + std::to_string(n_heads) +
+                      " / parallel.sp=" + std::to_string(sp) + "); head_chunks can be " +
+                      join_choices(divisors_of(heads_per_rank)));
+  }
+}
+
+std::string config_to_yaml(const Config& config) {
+  Config copy = config;
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::vector<std::string> open_sections;
+  for (const Field& field : fields()) {
+    std::vector<std::string> parts = split_key(field.key);
+    std::vector<std::string> sections(parts.begin(), parts.end() - 1);
+    size_t common = 0;
+    while (common < open_sections.size() && common < sections.size() &&
+           open_sections[common] == sections[common]) {
+      common++;
+    }
+    while (open_sections.size() > common) {
+      out << YAML::EndMap;
+      open_sections.pop_back();
+    }
+    while (open_sections.size() < sections.size()) {
+      out << YAML::Key << sections[open_sections.size()] << YAML::Value << YAML::BeginMap;
+      open_sections.push_back(sections[open_sections.size()]);
+    }
+    out << YAML::Key << parts.back() << YAML::Value << scalar_text(copy, field);
+  }
+  while (!open_sections.empty()) {
+    out << YAML::EndMap;
+    open_sections.pop_back();
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace ulysses

@@ -1,0 +1,208 @@
+#include "core/layers.h"
+
+namespace ulysses {
+
+namespace {
+
+using R = ParamRole;
+
+// q/k/v projection weights: separate tensors in llama, row blocks of c_attn in gpt2.
+struct QkvTensors {
+  Tensor wq, wk, wv, bq, bk, bv;
+};
+
+QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width) {
+  if (!t[R::q_weight].empty()) return {t[R::q_weight], t[R::k_weight], t[R::v_weight], {}, {}, {}};
+  const Tensor& w = t[R::qkv_weight];
+  const Tensor& b = t[R::qkv_bias];
+  return {w.slice_rows(0, q_width),
+          w.slice_rows(q_width, q_width + kv_width),
+          w.slice_rows(q_width + kv_width, q_width + 2 * kv_width),
+          b.flat_range(0, q_width),
+          b.flat_range(q_width, kv_width),
+          b.flat_range(q_width + kv_width, kv_width)};
+}
+
+}  // namespace
+
+LayerTensors layer_tensors(const ParamTable& table, const Tensor& flat, int layer) {
+  LayerTensors tensors;
+  for (const ParamSpec& spec : table.specs())
+    if (spec.layer == layer) tensors.by_role[size_t(spec.role)] = table.view(flat, spec);
+  return tensors;
+}
+
+void linear_forward(Backend& backend, const Tensor& out, const Tensor& in, const Tensor& weight,
+                    const Tensor& bias) {
+  backend.gemm(in, false, weight, true, out, 1.0f, 0.0f);
+  if (!bias.empty()) backend.bias_forward(out, bias);
+}
+
+void linear_backward(Backend& backend, const Tensor& din, bool accumulate_din,
+                     const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                     const Tensor& in, const Tensor& weight) {
+  backend.gemm(dout, false, weight, false, din, 1.0f, accumulate_din ? 1.0f : 0.0f);
+  backend.gemm(dout, true, in, false, dweight, 1.0f, 1.0f);
+  if (!dbias.empty()) backend.bias_backward(dbias, dout);
+}
+
+Block::Block(const ModelConfig& model, Backend& backend, UlyssesAttention& attention)
+    : model_(model), backend_(backend), attention_(attention), llama_(model.family == "llama") {}
+
+BlockActivations Block::allocate_activations(const BlockShape& shape) const {
+  const int64_t rows = shape.batch * shape.seq_local, C = model_.d_model, F = model_.d_ff;
+  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const DType dt = backend_.compute_dtype();
+  auto act = [&](std::initializer_list<int64_t> dims, const char* what) {
+    return backend_.alloc(MemCategory::activations, dt, dims, what);
+  };
+  auto att = [&](std::initializer_list<int64_t> dims, const char* what) {
+    return backend_.alloc(MemCategory::attention, dt, dims, what);
+  };
+  auto stat = [&](const char* what) {
+    return backend_.alloc(MemCategory::activations, DType::f32, {rows}, what);
+  };
+  BlockActivations acts;
+  acts.norm1 = act({rows, C}, "attention norm output");
+  acts.rstd1 = stat("attention norm rstd");
+  acts.q = att({shape.batch, shape.seq_local, H, d}, "q");
+  acts.k = att({shape.batch, shape.seq_local, Hkv, d}, "k");
+  acts.v = att({shape.batch, shape.seq_local, Hkv, d}, "v");
+  acts.attn_out = att({shape.batch, shape.seq_local, H, d}, "attention output");
+  acts.mid = act({rows, C}, "residual after attention");
+  acts.norm2 = act({rows, C}, "mlp norm output");
+  acts.rstd2 = stat("mlp norm rstd");
+  acts.ff_a = act({rows, F}, llama_ ? "mlp gate" : "mlp fc");
+  if (llama_) acts.ff_b = act({rows, F}, "mlp up");
+  acts.ff_out = act({rows, F}, "mlp activation");
+  if (!llama_) {
+    acts.mean1 = stat("attention norm mean");
+    acts.mean2 = stat("mlp norm mean");
+  }
+  return acts;
+}
+
+BlockGradScratch Block::allocate_grad_scratch(const BlockShape& shape) const {
+  const int64_t rows = shape.batch * shape.seq_local, C = model_.d_model, F = model_.d_ff;
+  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const DType dt = backend_.compute_dtype();
+  auto scratch = [&](std::initializer_list<int64_t> dims, const char* what) {
+    return backend_.alloc(MemCategory::workspace, dt, dims, what);
+  };
+  BlockGradScratch s;
+  s.dnorm = scratch({rows, C}, "d norm output");
+  s.dattn = scratch({rows, H * d}, "d attention output");
+  s.dq = scratch({shape.batch, shape.seq_local, H, d}, "dq");
+  s.dk = scratch({shape.batch, shape.seq_local, Hkv, d}, "dk");
+  s.dv = scratch({shape.batch, shape.seq_local, Hkv, d}, "dv");
+  s.dff_a = scratch({rows, F}, "d mlp a");
+  s.dff_b = scratch({rows, F}, "d mlp b");
+  return s;
+}
+
+void Block::norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& x, const Tensor& weight, const Tensor& bias) const {
+  if (llama_) {
+    backend_.rmsnorm_forward(out, rstd, x, weight, float(model_.norm_eps));
+  } else {
+    backend_.layernorm_forward(out, mean, rstd, x, weight, bias, float(model_.norm_eps));
+  }
+}
+
+void Block::norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) const {
+  if (llama_) {
+    backend_.rmsnorm_backward(dx, dweight, dout, x, weight, rstd);
+  } else {
+    backend_.layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd);
+  }
+}
+
+void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor& x,
+                    const Tensor& out, BlockActivations& acts) const {
+  const int64_t rows = shape.batch * shape.seq_local;
+  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const QkvTensors qkv = qkv_tensors(w, H * d, Hkv * d);
+  const float theta = float(model_.rope_theta);
+
+  // attention: x -> norm1 -> q, k, v -> (RoPE) -> Ulysses attention -> o_proj, + x
+  norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight],
+               w[R::attn_norm_bias]);
+  linear_forward(backend_, acts.q.tensor().reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
+  linear_forward(backend_, acts.k.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
+  linear_forward(backend_, acts.v.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
+  if (llama_) {
+    backend_.rope(acts.q, shape.pos_offset, theta, false);
+    backend_.rope(acts.k, shape.pos_offset, theta, false);
+  }
+  attention_.forward(acts.q, acts.k, acts.v, acts.attn_out, acts.attention);
+  backend_.copy(acts.mid, x);
+  backend_.gemm(acts.attn_out.tensor().reshape({rows, H * d}), false, w[R::o_weight], true,
+                acts.mid, 1.0f, 1.0f);
+  if (!w[R::o_bias].empty()) backend_.bias_forward(acts.mid, w[R::o_bias]);
+
+  // MLP: mid -> norm2 -> (gate, up -> swiglu | fc -> gelu) -> down, + mid
+  norm_forward(acts.norm2, acts.mean2, acts.rstd2, acts.mid, w[R::mlp_norm_weight],
+               w[R::mlp_norm_bias]);
+  if (llama_) {
+    linear_forward(backend_, acts.ff_a, acts.norm2, w[R::gate_weight], {});
+    linear_forward(backend_, acts.ff_b, acts.norm2, w[R::up_weight], {});
+    backend_.swiglu_forward(acts.ff_out, acts.ff_a, acts.ff_b);
+  } else {
+    linear_forward(backend_, acts.ff_a, acts.norm2, w[R::up_weight], w[R::up_bias]);
+    backend_.gelu_forward(acts.ff_out, acts.ff_a);
+  }
+  backend_.copy(out, acts.mid);
+  backend_.gemm(acts.ff_out, false, w[R::down_weight], true, out, 1.0f, 1.0f);
+  if (!w[R::down_bias].empty()) backend_.bias_forward(out, w[R::down_bias]);
+}
+
+void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockShape& shape,
+                     const Tensor& x, BlockActivations& acts, BlockGradScratch& s,
+                     const Tensor& dresidual) const {
+  const int64_t rows = shape.batch * shape.seq_local;
+  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const QkvTensors qkv = qkv_tensors(w, H * d, Hkv * d);
+  const QkvTensors dqkv = qkv_tensors(g, H * d, Hkv * d);
+  const float theta = float(model_.rope_theta);
+
+  // MLP: dresidual is d(out); the down projection's input gradient goes to dff_out.
+  const Tensor& dff_out = llama_ ? s.dff_b.tensor() : s.dff_a.tensor();
+  linear_backward(backend_, dff_out, false, g[R::down_weight], g[R::down_bias], dresidual,
+                  acts.ff_out, w[R::down_weight]);
+  if (llama_) {
+    backend_.swiglu_backward(s.dff_a, s.dff_b, s.dff_b, acts.ff_a, acts.ff_b);
+    linear_backward(backend_, s.dnorm, false, g[R::gate_weight], {}, s.dff_a, acts.norm2,
+                    w[R::gate_weight]);
+    linear_backward(backend_, s.dnorm, true, g[R::up_weight], {}, s.dff_b, acts.norm2,
+                    w[R::up_weight]);
+  } else {
+    backend_.gelu_backward(s.dff_b, s.dff_a, acts.ff_a);
+    linear_backward(backend_, s.dnorm, false, g[R::up_weight], g[R::up_bias], s.dff_b,
+                    acts.norm2, w[R::up_weight]);
+  }
+  // mid feeds both the residual and norm2: its gradient is dresidual + the norm's.
+  norm_backward(dresidual, g[R::mlp_norm_weight], g[R::mlp_norm_bias], s.dnorm, acts.mid,
+                w[R::mlp_norm_weight], acts.mean2, acts.rstd2);
+
+  // attention
+  linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual,
+                  acts.attn_out.tensor().reshape({rows, H * d}), w[R::o_weight]);
+  attention_.backward(s.dattn.tensor().reshape({shape.batch, shape.seq_local, H, d}),
+                      acts.attention, s.dq, s.dk, s.dv);
+  if (llama_) {
+    backend_.rope(s.dq, shape.pos_offset, theta, true);
+    backend_.rope(s.dk, shape.pos_offset, theta, true);
+  }
+  linear_backward(backend_, s.dnorm, false, dqkv.wq, dqkv.bq, s.dq.tensor().reshape({rows, H * d}),
+                  acts.norm1, qkv.wq);
+  linear_backward(backend_, s.dnorm, true, dqkv.wk, dqkv.bk, s.dk.tensor().reshape({rows, Hkv * d}),
+                  acts.norm1, qkv.wk);
+  linear_backward(backend_, s.dnorm, true, dqkv.wv, dqkv.bv, s.dv.tensor().reshape({rows, Hkv * d}),
+                  acts.norm1, qkv.wv);
+  norm_backward(dresidual, g[R::attn_norm_weight], g[R::attn_norm_bias], s.dnorm, x,
+                w[R::attn_norm_weight], acts.mean1, acts.rstd1);
+}
+
+}  // namespace ulysses

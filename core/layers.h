@@ -1,0 +1,86 @@
+// One transformer block, forward and backward next to each other, for both families.
+// Shapes: R = B·T rows (tokens held by this rank), C = width, H/Hkv heads of d dims,
+// F = MLP width.
+#pragma once
+
+#include <array>
+
+#include "core/config.h"
+#include "core/params.h"
+#include "kernels/backend.h"
+#include "parallel/ulysses_attention.h"
+
+namespace ulysses {
+
+// Views of one layer's tensors (parameters, or their gradients) by role, derived from
+// the parameter table; roles a family does not have stay empty.
+struct LayerTensors {
+  std::array<Tensor, size_t(ParamRole::count)> by_role;
+  const Tensor& operator[](ParamRole role) const { return by_role[size_t(role)]; }
+};
+LayerTensors layer_tensors(const ParamTable& table, const Tensor& flat, int layer);
+
+// Everything a block keeps from forward for its backward.
+struct BlockActivations {
+  Buffer norm1, mean1, rstd1;  // [R, C], [R], [R]  (mean only for layernorm)
+  Buffer q, k, v;              // [B, T, H, d], [B, T, Hkv, d], after RoPE
+  Buffer attn_out;             // [B, T, H, d]
+  AttentionState attention;
+  Buffer mid;                  // [R, C] residual after attention
+  Buffer norm2, mean2, rstd2;  // [R, C], [R], [R]
+  Buffer ff_a, ff_b, ff_out;   // llama: gate, up, silu(gate)·up; gpt2: fc, -, gelu(fc); [R, F]
+};
+
+// Shapes of one rank's share of a micro-batch.
+struct BlockShape {
+  int64_t batch = 1;      // B
+  int64_t seq_local = 1;  // T held by this rank
+  int64_t pos_offset = 0; // global position of this rank's first token
+};
+
+// Scratch the backward pass reuses for every layer.
+struct BlockGradScratch {
+  Buffer dnorm;        // [R, C]
+  Buffer dattn;        // [R, H·d]
+  Buffer dq, dk, dv;   // [B, T, H, d], [B, T, Hkv, d]
+  Buffer dff_a, dff_b; // [R, F]
+};
+
+class Block {
+ public:
+  Block(const ModelConfig& model, Backend& backend, UlyssesAttention& attention);
+
+  BlockActivations allocate_activations(const BlockShape& shape) const;
+  BlockGradScratch allocate_grad_scratch(const BlockShape& shape) const;
+
+  // out[R, C] = block(x[R, C]); fills acts.
+  void forward(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
+               const Tensor& out, BlockActivations& acts) const;
+  // dresidual holds d(out) on entry and d(x) on return; weight gradients accumulate.
+  void backward(const LayerTensors& weights, const LayerTensors& grads, const BlockShape& shape,
+                const Tensor& x, BlockActivations& acts, BlockGradScratch& scratch,
+                const Tensor& dresidual) const;
+
+ private:
+  void norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                    const Tensor& weight, const Tensor& bias) const;
+  void norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                     const Tensor& dout, const Tensor& x, const Tensor& weight,
+                     const Tensor& mean, const Tensor& rstd) const;
+
+  const ModelConfig& model_;
+  Backend& backend_;
+  UlyssesAttention& attention_;
+  bool llama_;
+};
+
+// out[R, O] = in[R, I] · weight[O, I]ᵀ (+ bias[O])
+void linear_forward(Backend& backend, const Tensor& out, const Tensor& in, const Tensor& weight,
+                    const Tensor& bias);
+// din[R, I] = (or += when accumulate_din) dout · weight; dweight += doutᵀ · in;
+// dbias += column sums of dout (when not empty)
+void linear_backward(Backend& backend, const Tensor& din, bool accumulate_din,
+                     const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                     const Tensor& in, const Tensor& weight);
+
+}  // namespace ulysses

@@ -1,0 +1,49 @@
+#include "core/optimizer.h"
+
+#include <cmath>
+
+namespace ulysses {
+
+double learning_rate(const TrainConfig& train, int64_t step) {
+  if (step < train.warmup_steps) return train.lr * double(step + 1) / double(train.warmup_steps);
+  int64_t decay_steps = int64_t(train.steps) - train.warmup_steps;
+  if (decay_steps <= 1) return train.lr;
+  double progress = double(step - train.warmup_steps) / double(decay_steps - 1);
+  if (progress > 1.0) progress = 1.0;
+  double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return train.min_lr + (train.lr - train.min_lr) * cosine;
+}
+
+float clip_scale(double grad_norm, double max_norm) {
+  if (max_norm <= 0.0 || grad_norm <= max_norm) return 1.0f;
+  return float(max_norm / (grad_norm + 1e-6));
+}
+
+AdamW::AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train)
+    : backend_(backend),
+      table_(table),
+      train_(train),
+      m_(backend.alloc(MemCategory::optimizer, DType::f32, {table.total_numel()}, "adam m")),
+      v_(backend.alloc(MemCategory::optimizer, DType::f32, {table.total_numel()}, "adam v")) {
+  if (backend.memory().planning()) return;  // --dry-run: charged, never touched
+  backend.fill_zero(m_);
+  backend.fill_zero(v_);
+}
+
+void AdamW::update(const Tensor& params, const Tensor& grads, float lr, float grad_scale,
+                   int64_t step) {
+  for (const ParamSpec& spec : table_.specs()) {
+    AdamWStep hyper;
+    hyper.lr = lr;
+    hyper.beta1 = float(train_.beta1);
+    hyper.beta2 = float(train_.beta2);
+    hyper.eps = float(train_.eps);
+    hyper.weight_decay = spec.weight_decay ? float(train_.weight_decay) : 0.0f;
+    hyper.step = step;
+    hyper.grad_scale = grad_scale;
+    auto range = [&](const Tensor& flat) { return flat.flat_range(spec.offset, spec.numel); };
+    backend_.adamw(range(params), range(grads), range(m_), range(v_), hyper);
+  }
+}
+
+}  // namespace ulysses

@@ -1,0 +1,39 @@
+// AdamW over the flat parameter buffer, with the learning-rate schedule and global-norm
+// clipping it is used with.
+#pragma once
+
+#include <cstdint>
+
+#include "core/config.h"
+#include "core/params.h"
+#include "kernels/backend.h"
+
+namespace ulysses {
+
+// Linear warmup from lr/warmup_steps to lr over warmup_steps, then cosine decay to
+// min_lr at the last step. step is 0-based.
+double learning_rate(const TrainConfig& train, int64_t step);
+
+// Factor that scales the gradient so that its global norm is at most max_norm
+// (1 when max_norm is 0 or the norm is already below it).
+float clip_scale(double grad_norm, double max_norm);
+
+class AdamW {
+ public:
+  AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train);
+
+  // One update of every parameter; decay applies to the tensors the table marks.
+  // step is 1-based (bias correction).
+  void update(const Tensor& params, const Tensor& grads, float lr, float grad_scale, int64_t step);
+
+  const Tensor& first_moment() const { return m_.tensor(); }
+  const Tensor& second_moment() const { return v_.tensor(); }
+
+ private:
+  Backend& backend_;
+  const ParamTable& table_;
+  const TrainConfig& train_;
+  Buffer m_, v_;
+};
+
+}  // namespace ulysses

@@ -1,0 +1,425 @@
+#include "core/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <utility>
+
+namespace ulysses {
+
+// The file format is little-endian and tensors are copied with memcpy.
+static_assert(std::endian::native == std::endian::little,
+              "safetensors I/O needs a little-endian host");
+
+namespace {
+
+constexpr size_t kHeaderLengthBytes = 8;
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+// Product of the dims; false when it does not fit in 63 bits.
+bool checked_numel(const std::vector<int64_t>& shape, uint64_t& numel) {
+  numel = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) return false;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel)) return false;
+  }
+  return numel <= static_cast<uint64_t>(INT64_MAX);
+}
+
+std::vector<int64_t> parse_shape(const nlohmann::json& value, const std::string& name,
+                                 const std::string& context) {
+  if (!value.is_array()) {
+    throw std::runtime_error(context + "tensor '" + name + "' has a shape that is not an array");
+  }
+  std::vector<int64_t> shape;
+  for (const auto& dim : value) {
+    if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      throw std::runtime_error(context + "tensor '" + name + "' has shape " + value.dump() +
+                               ": dims must be non-negative integers");
+    }
+    shape.push_back(static_cast<int64_t>(dim.get<uint64_t>()));
+  }
+  return shape;
+}
+
+SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& value,
+                             const std::string& context) {
+  if (!value.is_object()) {
+    throw std::runtime_error(context + "tensor '" + name + "' is not a JSON object");
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!value.contains(key)) {
+      throw std::runtime_error(context + "tensor '" + name + "' has no \"" + key + "\"");
+    }
+  }
+  SafetensorsEntry entry;
+  entry.name = name;
+  const auto& dtype = value["dtype"];
+  if (!dtype.is_string()) {
+    throw std::runtime_error(context + "tensor '" + name + "' has a dtype that is not a string");
+  }
+  entry.dtype = dtype.get<std::string>();
+  if (entry.dtype != "F32" && entry.dtype != "BF16" && entry.dtype != "F16") {
+    throw std::runtime_error(context + "tensor '" + name + "' has unsupported dtype '" +
+                             entry.dtype + "' (supported: F32, BF16, F16)");
+  }
+  entry.shape = parse_shape(value["shape"], name, context);
+  const auto& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    throw std::runtime_error(context + "tensor '" + name + "' has data_offsets " + offsets.dump() +
+                             ": expected [begin, end] of non-negative integers");
+  }
+  entry.begin = offsets[0].get<uint64_t>();
+  entry.end = offsets[1].get<uint64_t>();
+  if (entry.begin > entry.end) {
+    throw std::runtime_error(context + "tensor '" + name + "' has data_offsets " + offsets.dump() +
+                             " with begin after end");
+  }
+  uint64_t numel = 0;
+  uint64_t expected_bytes = 0;
+  if (!checked_numel(entry.shape, numel) ||
+      __builtin_mul_overflow(numel, safetensors_dtype_size(entry.dtype), &expected_bytes)) {
+    throw std::runtime_error(context + "tensor '" + name + "' has shape " +
+                             shape_string(entry.shape) + " that is too large");
+  }
+  if (entry.end - entry.begin != expected_bytes) {
+    throw std::runtime_error(context + "tensor '" + name + "' has data_offsets " + offsets.dump() +
+                             " spanning " + std::to_string(entry.end - entry.begin) +
+                             " bytes, but shape " + shape_string(entry.shape) + " of " +
+                             entry.dtype + " needs " + std::to_string(expected_bytes) + " bytes");
+  }
+  return entry;
+}
+
+std::map<std::string, std::string> parse_metadata(const nlohmann::json& value,
+                                                  const std::string& context) {
+  if (!value.is_object()) {
+    throw std::runtime_error(context + "__metadata__ is not a JSON object");
+  }
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, item] : value.items()) {
+    if (!item.is_string()) {
+      throw std::runtime_error(context + "__metadata__ value of '" + key + "' is not a string");
+    }
+    metadata[key] = item.get<std::string>();
+  }
+  return metadata;
+}
+
+void write_all(int fd, const void* bytes, size_t size, const std::string& path) {
+  const auto* cursor = static_cast<const uint8_t*>(bytes);
+  while (size > 0) {
+    ssize_t written = ::write(fd, cursor, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("cannot write safetensors file '" + path +
+                               "': " + std::strerror(errno));
+    }
+    cursor += written;
+    size -= static_cast<size_t>(written);
+  }
+}
+
+}  // namespace
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count;
+}
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "BF16" || dtype == "F16") return 2;
+  throw std::runtime_error("unsupported safetensors dtype '" + dtype +
+                           "' (supported: F32, BF16, F16)");
+}
+
+float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+float f16_to_float(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0x1f) {  // inf / NaN keep their payload
+    return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  }
+  if (exponent == 0) {  // zero or subnormal: mantissa · 2^-24, exact in float
+    float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+uint16_t float_to_bf16(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // stay quiet NaN
+  uint32_t round_to_even = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + round_to_even) >> 16);
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(error(std::string("cannot open: ") + std::strerror(errno)));
+  struct stat info;
+  if (::fstat(fd, &info) != 0) {
+    int saved = errno;
+    ::close(fd);
+    throw std::runtime_error(error(std::string("cannot stat: ") + std::strerror(saved)));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error(error("not a regular file"));
+  }
+  const auto file_size = static_cast<uint64_t>(info.st_size);
+  if (file_size < kHeaderLengthBytes) {
+    ::close(fd);
+    throw std::runtime_error(error("file is " + std::to_string(file_size) +
+                                   " bytes, shorter than the 8-byte header length"));
+  }
+  void* mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int saved = errno;
+  ::close(fd);
+  if (mapping == MAP_FAILED) {
+    throw std::runtime_error(error(std::string("cannot mmap: ") + std::strerror(saved)));
+  }
+  mapped_ = static_cast<const uint8_t*>(mapping);
+  mapped_size_ = file_size;
+  try {
+    uint64_t header_length = 0;
+    std::memcpy(&header_length, mapped_, kHeaderLengthBytes);
+    if (header_length > file_size - kHeaderLengthBytes) {
+      throw std::runtime_error(error("header length " + std::to_string(header_length) +
+                                     " is larger than the " + std::to_string(file_size) +
+                                     "-byte file"));
+    }
+    const char* header_begin = reinterpret_cast<const char*>(mapped_ + kHeaderLengthBytes);
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(header_begin, header_begin + header_length);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(error(std::string("invalid JSON header: ") + e.what()));
+    }
+    if (!header.is_object()) throw std::runtime_error(error("JSON header is not an object"));
+
+    const std::string context = "safetensors file '" + path_ + "': ";
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        metadata_ = parse_metadata(value, context);
+      } else {
+        entries_.push_back(parse_entry(name, value, context));
+      }
+    }
+
+    data_ = mapped_ + kHeaderLengthBytes + header_length;
+    const uint64_t data_size = file_size - kHeaderLengthBytes - header_length;
+    std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    const SafetensorsEntry* previous = nullptr;  // last non-empty tensor
+    for (const auto& entry : entries_) {
+      if (entry.end > data_size) {
+        throw std::runtime_error(error("tensor '" + entry.name + "' ends at data byte " +
+                                       std::to_string(entry.end) + " but the file holds only " +
+                                       std::to_string(data_size) +
+                                       " bytes of data (truncated or offsets out of bounds)"));
+      }
+      if (entry.begin == entry.end) continue;
+      if (previous && entry.begin < previous->end) {
+        throw std::runtime_error(error("tensors '" + previous->name + "' and '" + entry.name +
+                                       "' overlap in the data section"));
+      }
+      previous = &entry;
+    }
+    for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
+  } catch (...) {
+    unmap();
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  unmap();
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
+    : path_(std::move(other.path_)),
+      mapped_(std::exchange(other.mapped_, nullptr)),
+      mapped_size_(std::exchange(other.mapped_size_, 0)),
+      data_(std::exchange(other.data_, nullptr)),
+      entries_(std::move(other.entries_)),
+      index_(std::move(other.index_)),
+      metadata_(std::move(other.metadata_)) {}
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    path_ = std::move(other.path_);
+    mapped_ = std::exchange(other.mapped_, nullptr);
+    mapped_size_ = std::exchange(other.mapped_size_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+    entries_ = std::move(other.entries_);
+    index_ = std::move(other.index_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+void SafetensorsReader::unmap() {
+  if (mapped_) ::munmap(const_cast<uint8_t*>(mapped_), mapped_size_);
+  mapped_ = nullptr;
+  mapped_size_ = 0;
+  data_ = nullptr;
+}
+
+std::string SafetensorsReader::error(const std::string& problem) const {
+  return "safetensors file '" + path_ + "': " + problem;
+}
+
+bool SafetensorsReader::contains(const std::string& name) const {
+  return index_.count(name) > 0;
+}
+
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
+  auto found = index_.find(name);
+  if (found == index_.end()) throw std::runtime_error(error("no tensor named '" + name + "'"));
+  return entries_[found->second];
+}
+
+void SafetensorsReader::read_f32(const std::string& name,
+                                 const std::vector<int64_t>& expected_shape, float* out) const {
+  const SafetensorsEntry& tensor = entry(name);
+  if (tensor.shape != expected_shape) {
+    throw std::runtime_error(error("tensor '" + name + "' has shape " + shape_string(tensor.shape) +
+                                   " but " + shape_string(expected_shape) + " was expected"));
+  }
+  const uint8_t* source = data_ + tensor.begin;
+  const int64_t count = tensor.numel();
+  if (count == 0) return;
+  if (tensor.dtype == "F32") {
+    std::memcpy(out, source, static_cast<size_t>(count) * sizeof(float));
+    return;
+  }
+  const bool is_bf16 = tensor.dtype == "BF16";
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, source + 2 * i, sizeof(bits));  // offsets need not be aligned
+    out[i] = is_bf16 ? bf16_to_float(bits) : f16_to_float(bits);
+  }
+}
+
+SafetensorsWriter::PendingTensor& SafetensorsWriter::start_tensor(const std::string& name,
+                                                                  std::vector<int64_t> shape,
+                                                                  const std::string& dtype,
+                                                                  const float* data) {
+  if (name.empty() || name == "__metadata__") {
+    throw std::runtime_error("safetensors writer: invalid tensor name '" + name + "'");
+  }
+  for (const auto& tensor : tensors_) {
+    if (tensor.name == name) {
+      throw std::runtime_error("safetensors writer: tensor '" + name + "' added twice");
+    }
+  }
+  uint64_t numel = 0;
+  if (!checked_numel(shape, numel)) {
+    throw std::runtime_error("safetensors writer: tensor '" + name + "' has invalid shape " +
+                             shape_string(shape));
+  }
+  if (numel > 0 && data == nullptr) {
+    throw std::runtime_error("safetensors writer: tensor '" + name + "' has no data");
+  }
+  PendingTensor& tensor = tensors_.emplace_back();
+  tensor.name = name;
+  tensor.dtype = dtype;
+  tensor.shape = std::move(shape);
+  tensor.bytes.resize(numel * safetensors_dtype_size(dtype));
+  return tensor;
+}
+
+void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape,
+                            const float* data) {
+  PendingTensor& tensor = start_tensor(name, std::move(shape), "F32", data);
+  if (!tensor.bytes.empty()) std::memcpy(tensor.bytes.data(), data, tensor.bytes.size());
+}
+
+void SafetensorsWriter::add_bf16(const std::string& name, std::vector<int64_t> shape,
+                                 const float* data) {
+  PendingTensor& tensor = start_tensor(name, std::move(shape), "BF16", data);
+  const size_t count = tensor.bytes.size() / 2;
+  for (size_t i = 0; i < count; ++i) {
+    uint16_t bits = float_to_bf16(data[i]);
+    std::memcpy(tensor.bytes.data() + 2 * i, &bits, sizeof(bits));
+  }
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  // Metadata first, then tensors in the order they were added, matching their offsets.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  uint64_t offset = 0;
+  for (const auto& tensor : tensors_) {
+    header[tensor.name] = {{"dtype", tensor.dtype},
+                           {"shape", tensor.shape},
+                           {"data_offsets", {offset, offset + tensor.bytes.size()}}};
+    offset += tensor.bytes.size();
+  }
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("cannot write safetensors file '" + path +
+                             "': tensor names and metadata must be valid UTF-8 (" + e.what() + ")");
+  }
+  // Trailing spaces are valid JSON and keep the data 8-byte aligned for memory-mapping.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const uint64_t header_length = header_text.size();
+
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw std::runtime_error("cannot create safetensors file '" + path +
+                             "': " + std::strerror(errno));
+  }
+  try {
+    write_all(fd, &header_length, sizeof(header_length), path);
+    write_all(fd, header_text.data(), header_text.size(), path);
+    for (const auto& tensor : tensors_)
+      write_all(fd, tensor.bytes.data(), tensor.bytes.size(), path);
+    if (::fsync(fd) != 0) {
+      throw std::runtime_error("cannot fsync safetensors file '" + path +
+                               "': " + std::strerror(errno));
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) {
+    throw std::runtime_error("cannot close safetensors file '" + path +
+                             "': " + std::strerror(errno));
+  }
+}
+
+}  // namespace ulysses

@@ -1,0 +1,98 @@
+// Reading and writing safetensors files (REFERENCES.md, "File formats"): a u64
+// little-endian header length N, N bytes of JSON describing every tensor (dtype, shape,
+// byte offsets relative to the end of the header) plus string metadata, then the data.
+// Files are untrusted input: the reader validates the whole header up front and every
+// problem is a std::runtime_error that names the file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ulysses {
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // F32 | BF16 | F16
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets into the data section (after the header)
+  uint64_t end = 0;
+
+  int64_t numel() const;
+};
+
+// Bytes per element of a supported dtype; throws for any other dtype.
+size_t safetensors_dtype_size(const std::string& dtype);
+
+// Exact conversions (every bf16/f16 value is representable as a float).
+float bf16_to_float(uint16_t bits);
+float f16_to_float(uint16_t bits);
+// Rounds to the nearest bf16, ties to even; NaN stays NaN.
+uint16_t float_to_bf16(float value);
+
+// Memory-maps a file and validates its header; tensors are converted on request.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&& other) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&& other) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Sorted by position in the file.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  bool contains(const std::string& name) const;
+  // Throws if there is no tensor of that name.
+  const SafetensorsEntry& entry(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Converts F32/BF16/F16 to float into out (numel floats); throws if the name is
+  // missing or the stored shape differs from expected_shape.
+  void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                float* out) const;
+
+ private:
+  void unmap();
+  std::string error(const std::string& problem) const;
+
+  std::string path_;
+  const uint8_t* mapped_ = nullptr;
+  size_t mapped_size_ = 0;
+  const uint8_t* data_ = nullptr;  // start of the data section inside the mapping
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;  // name -> position in entries_
+  std::map<std::string, std::string> metadata_;
+};
+
+// Collects tensors (copied at add time) and metadata, then writes one file. Tensors are
+// stored in the order they were added; the header is padded so the data is 8-byte aligned.
+class SafetensorsWriter {
+ public:
+  // Stored as F32.
+  void add(const std::string& name, std::vector<int64_t> shape, const float* data);
+  // Stored as BF16, rounded to nearest even.
+  void add_bf16(const std::string& name, std::vector<int64_t> shape, const float* data);
+  void set_metadata(const std::string& key, const std::string& value);
+
+  // Writes path (the caller handles temporary names and renames) and fsyncs it.
+  void write(const std::string& path) const;
+
+ private:
+  struct PendingTensor {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  PendingTensor& start_tensor(const std::string& name, std::vector<int64_t> shape,
+                              const std::string& dtype, const float* data);
+
+  std::vector<PendingTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace ulysses

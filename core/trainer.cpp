@@ -1,0 +1,245 @@
+#include "core/trainer.h"
+
+#include "core/stop_signal.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+namespace ulysses {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string format_duration(double seconds) {
+  long total = long(std::lround(seconds));
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof text, "%ldh%02ldm", total / 3600, (total / 60) % 60);
+  } else if (total >= 60) {
+    std::snprintf(text, sizeof text, "%ldm%02lds", total / 60, total % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%lds", total);
+  }
+  return text;
+}
+
+CommStats difference(const CommStats& after, const CommStats& before) {
+  CommStats d;
+  d.all_to_all_bytes = after.all_to_all_bytes - before.all_to_all_bytes;
+  d.all_to_all_seconds = after.all_to_all_seconds - before.all_to_all_seconds;
+  d.reduce_bytes = after.reduce_bytes - before.reduce_bytes;
+  d.reduce_seconds = after.reduce_seconds - before.reduce_seconds;
+  d.gather_bytes = after.gather_bytes - before.gather_bytes;
+  d.gather_seconds = after.gather_seconds - before.gather_seconds;
+  d.calls = after.calls - before.calls;
+  return d;
+}
+
+}  // namespace
+
+CommStats sum_stats(const std::vector<const Comm*>& comms) {
+  CommStats total;
+  for (const Comm* comm : comms) {
+    const CommStats& s = comm->stats();
+    total.all_to_all_bytes += s.all_to_all_bytes;
+    total.all_to_all_seconds += s.all_to_all_seconds;
+    total.reduce_bytes += s.reduce_bytes;
+    total.reduce_seconds += s.reduce_seconds;
+    total.gather_bytes += s.gather_bytes;
+    total.gather_seconds += s.gather_seconds;
+    total.calls += s.calls;
+  }
+  return total;
+}
+
+Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
+    : config_(config),
+      backend_(backend),
+      mesh_(mesh),
+      seq_local_(config.train.seq_len / mesh.sp_size) {
+  const TrainConfig& train = config.train;
+  model_ = std::make_unique<Model>(config, backend, *mesh.sp, train.batch_size, seq_local_);
+  optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train);
+  if (backend.memory().planning()) return;
+  model_->init_weights(train.seed);
+  train_data_ =
+      make_dataset(config.data, Split::train, train.seq_len, config.model.vocab_size, train.seed);
+  if (train.eval_every > 0)
+    val_data_ =
+        make_dataset(config.data, Split::val, train.seq_len, config.model.vocab_size, train.seed);
+  checkpointer_ = std::make_unique<Checkpointer>(config, backend, *mesh.world);
+}
+
+void Trainer::resume(const std::string& folder) {
+  step_ = checkpointer_->load(folder, *model_, *optimizer_);
+  if (mesh_.world->rank() == 0) spdlog::info("resumed from {} at step {}", folder, step_);
+}
+
+std::string Trainer::save_checkpoint() {
+  const auto start = std::chrono::steady_clock::now();
+  std::string folder = checkpointer_->save(step_, *model_, *optimizer_);
+  if (mesh_.world->rank() == 0)
+    spdlog::info("checkpoint {} written in {:.2f} s", folder, seconds_since(start));
+  return folder;
+}
+
+MicroBatch Trainer::read_micro_batch(Dataset& dataset, int64_t first_sequence) const {
+  MicroBatch batch;
+  batch.batch = config_.train.batch_size;
+  batch.seq_local = seq_local_;
+  batch.pos_offset = int64_t(mesh_.sp_rank) * seq_local_;
+  batch.inputs.resize(size_t(batch.batch * seq_local_));
+  batch.targets.resize(batch.inputs.size());
+  for (int64_t b = 0; b < batch.batch; ++b)
+    dataset.read_slice(first_sequence + b, batch.pos_offset, seq_local_,
+                       batch.inputs.data() + b * seq_local_, batch.targets.data() + b * seq_local_);
+  return batch;
+}
+
+StepResult Trainer::train_step() {
+  const TrainConfig& train = config_.train;
+  const auto start = std::chrono::steady_clock::now();
+  Comm& world = *mesh_.world;
+
+  // Read every micro-batch first: the loss is a mean over all counted tokens of the global
+  // batch, so its scale must be known before the first backward.
+  std::vector<MicroBatch> micro_batches;
+  double counted = 0.0;
+  for (int micro = 0; micro < train.grad_accum; ++micro) {
+    int64_t first_sequence =
+        ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * train.batch_size;
+    micro_batches.push_back(read_micro_batch(*train_data_, first_sequence));
+    for (int32_t target : micro_batches.back().targets) counted += target >= 0 ? 1.0 : 0.0;
+  }
+  world.all_reduce_host(&counted, 1, ReduceOp::sum);
+  if (counted == 0.0)
+    throw std::runtime_error("the batch of step " + std::to_string(step_ + 1) +
+                             " has no token with a target");
+
+  model_->zero_grads();
+  double totals[3] = {0.0, 0.0, 0.0};  // loss sum, counted tokens, correct answers
+  for (const MicroBatch& batch : micro_batches) {
+    LossResult loss = model_->forward_backward(batch, float(1.0 / counted));
+    totals[0] += loss.loss_sum;
+    totals[1] += double(loss.count);
+    totals[2] += double(loss.correct);
+  }
+  if (world.size() > 1) world.all_reduce(model_->grads(), ReduceOp::sum);
+  world.all_reduce_host(totals, 3, ReduceOp::sum);
+
+  StepResult result;
+  result.grad_norm = std::sqrt(backend_.sum_squares(model_->grads()));
+  result.lr = learning_rate(train, step_);
+  optimizer_->update(model_->params(), model_->grads(), float(result.lr),
+                     clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+  backend_.synchronize();
+  ++step_;
+  result.step = step_;
+  result.loss = totals[0] / totals[1];
+  if (train_data_->has_answers()) result.accuracy = totals[2] / totals[1];
+  result.tokens = int64_t(train.grad_accum) * train.batch_size * mesh_.dp_size * train.seq_len;
+  result.step_seconds = seconds_since(start);
+  return result;
+}
+
+EvalResult Trainer::evaluate() {
+  const TrainConfig& train = config_.train;
+  double totals[3] = {0.0, 0.0, 0.0};
+  for (int e = 0; e < train.eval_steps; ++e) {
+    int64_t first_sequence = (int64_t(e) * mesh_.dp_size + mesh_.dp_rank) * train.batch_size;
+    LossResult loss = model_->evaluate(read_micro_batch(*val_data_, first_sequence));
+    totals[0] += loss.loss_sum;
+    totals[1] += double(loss.count);
+    totals[2] += double(loss.correct);
+  }
+  mesh_.world->all_reduce_host(totals, 3, ReduceOp::sum);
+  EvalResult result;
+  result.tokens = int64_t(totals[1]);
+  result.loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
+  if (val_data_->has_answers() && totals[1] > 0) result.accuracy = totals[2] / totals[1];
+  return result;
+}
+
+void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_seconds) {
+  run_seconds_ += r.step_seconds;
+  ++run_steps_;
+  const MemoryStats& memory = backend_.memory().stats();
+  if (metrics_) {
+    nlohmann::json line = {{"step", r.step},
+                           {"loss", r.loss},
+                           {"lr", r.lr},
+                           {"grad_norm", r.grad_norm},
+                           {"tokens", r.tokens},
+                           {"tokens_per_s", double(r.tokens) / r.step_seconds},
+                           {"step_ms", r.step_seconds * 1e3},
+                           {"mem_peak_bytes", memory_peaks_json(memory)},
+                           {"all_to_all_bytes", comm.all_to_all_bytes},
+                           {"all_to_all_s", comm.all_to_all_seconds},
+                           {"grad_comm_bytes", comm.reduce_bytes + comm.gather_bytes},
+                           {"grad_comm_s", comm.reduce_seconds + comm.gather_seconds}};
+    if (r.accuracy >= 0) line["accuracy"] = r.accuracy;
+    metrics_->write(line);
+  }
+  const int every = config_.log.every;
+  if (mesh_.world->rank() != 0 || (r.step % every != 0 && r.step != config_.train.steps)) return;
+  double eta = run_seconds_ / double(run_steps_) * double(config_.train.steps - r.step);
+  std::string accuracy = r.accuracy >= 0 ? fmt::format(" | acc {:5.1f}%", 100.0 * r.accuracy) : "";
+  spdlog::info(
+      "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | "
+      "comm {:.0f}% | mem {} | ETA {}",
+      r.step, int(std::to_string(config_.train.steps).size()), config_.train.steps, r.loss,
+      accuracy, r.lr, r.grad_norm, double(r.tokens) / r.step_seconds, r.step_seconds * 1e3,
+      100.0 * comm_seconds / r.step_seconds, format_bytes(memory.total_peak), format_duration(eta));
+}
+
+void Trainer::run() {
+  const TrainConfig& train = config_.train;
+  const CheckpointConfig& checkpoint = train.checkpoint;
+  if (mesh_.world->rank() == 0)
+    metrics_ = std::make_unique<MetricsWriter>(config_.log.metrics_file, step_ > 0);
+  std::vector<const Comm*> comms = {mesh_.world, mesh_.sp.get(), mesh_.dp.get()};
+  while (step_ < train.steps) {
+    backend_.memory().reset_peaks();
+    CommStats before = sum_stats(comms);
+    StepResult result = train_step();
+    CommStats comm = difference(sum_stats(comms), before);
+    double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
+    log_step(result, comm, comm_seconds);
+    if (train.eval_every > 0 && (step_ % train.eval_every == 0 || step_ == train.steps)) {
+      EvalResult eval = evaluate();
+      if (metrics_) {
+        nlohmann::json line = {{"step", step_}, {"eval_loss", eval.loss}, {"eval_tokens", eval.tokens}};
+        if (eval.accuracy >= 0) line["eval_accuracy"] = eval.accuracy;
+        metrics_->write(line);
+      }
+      if (mesh_.world->rank() == 0) {
+        std::string accuracy =
+            eval.accuracy >= 0 ? fmt::format(" | eval acc {:5.1f}%", 100.0 * eval.accuracy) : "";
+        spdlog::info("eval at step {} | eval loss {:.4f}{}", step_, eval.loss, accuracy);
+      }
+    }
+    bool save_now = !checkpoint.dir.empty() &&
+                    ((checkpoint.every > 0 && step_ % checkpoint.every == 0) || step_ == train.steps);
+    // A signal may reach some ranks only: agree on stopping before anyone acts on it.
+    double stop = stop_requested() ? 1.0 : 0.0;
+    mesh_.world->all_reduce_host(&stop, 1, ReduceOp::max);
+    if (stop > 0.0) {
+      if (mesh_.world->rank() == 0)
+        spdlog::warn("stop requested (signal); {} at step {}",
+                     checkpoint.dir.empty() ? "no train.checkpoint.dir, exiting"
+                                            : "writing a checkpoint and exiting",
+                     step_);
+      if (!checkpoint.dir.empty()) save_checkpoint();
+      return;
+    }
+    if (save_now) save_checkpoint();
+  }
+}
+
+}  // namespace ulysses

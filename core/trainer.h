@@ -1,0 +1,78 @@
+// The training loop: micro-batches, gradient accumulation and reduction over the
+// dp×sp world, clipping, AdamW, periodic evaluation, console log and metrics file.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/checkpoint.h"
+#include "core/config.h"
+#include "core/metrics.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "data/dataset.h"
+#include "kernels/backend.h"
+#include "parallel/mesh.h"
+
+namespace ulysses {
+
+// What one optimizer step reports (identical on every rank).
+struct StepResult {
+  int64_t step = 0;  // 1-based number of the step just taken
+  double loss = 0.0;
+  double accuracy = -1.0;  // answer accuracy when the data has answers, else -1
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  int64_t tokens = 0;  // tokens of the global batch
+  double step_seconds = 0.0;
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = -1.0;
+  int64_t tokens = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& config, Backend& backend, Mesh& mesh);
+
+  Model& model() { return *model_; }
+  int64_t step() const { return step_; }
+
+  // One optimizer step over grad_accum micro-batches of the global batch.
+  StepResult train_step();
+  // eval_steps batches of the validation split.
+  EvalResult evaluate();
+  // Continues from a checkpoint folder (weights, optimizer state, step).
+  void resume(const std::string& folder);
+  // Writes a checkpoint of the current step (train.checkpoint.dir must be set).
+  std::string save_checkpoint();
+  // The whole run up to train.steps with logging, metrics, periodic eval and checkpoints.
+  // Stops early, with a checkpoint, when SIGTERM/SIGINT arrives on any rank.
+  void run();
+
+ private:
+  MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence) const;
+  void log_step(const StepResult& result, const CommStats& comm_delta, double comm_seconds);
+
+  const Config& config_;
+  Backend& backend_;
+  Mesh& mesh_;
+  int64_t seq_local_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<Dataset> train_data_, val_data_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  int64_t step_ = 0;  // optimizer steps taken
+  double run_seconds_ = 0.0;
+  int64_t run_steps_ = 0;
+};
+
+// Total of several communicators' counters.
+CommStats sum_stats(const std::vector<const Comm*>& comms);
+
+}  // namespace ulysses

@@ -1,0 +1,117 @@
+#include "data/packed_dataset.h"
+
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data/random.h"
+#include "data/token_stream.h"
+
+namespace ulysses {
+
+namespace {
+
+// Sequence i of an epoch starts at begin + i * seq_len of the stream and reads
+// seq_len + 1 tokens; index n * epoch + k visits sequence perm_epoch(k).
+class PackedDataset : public Dataset {
+ public:
+  PackedDataset(std::shared_ptr<TokenStream> stream, int64_t begin, int64_t end, int64_t seq_len,
+                uint64_t order_seed)
+      : stream_(std::move(stream)),
+        begin_(begin),
+        seq_len_(seq_len),
+        num_sequences_((end - begin - 1) / seq_len),
+        order_seed_(order_seed) {}
+
+  void read_slice(int64_t index, int64_t offset, int64_t length, int32_t* inputs,
+                  int32_t* targets) override {
+    if (index < 0 || offset < 0 || length < 0 || offset + length > seq_len_) {
+      throw std::out_of_range("read_slice: sequence " + std::to_string(index) + ", tokens [" +
+                              std::to_string(offset) + ", " + std::to_string(offset + length) +
+                              ") of a sequence of " + std::to_string(seq_len_));
+    }
+    if (length == 0) return;
+    int64_t epoch = index / num_sequences_;
+    Permutation order(num_sequences_, hash_words(order_seed_, uint64_t(epoch)));
+    int64_t start = begin_ + order(index % num_sequences_) * seq_len_ + offset;
+    // Targets are the inputs shifted by one, plus the one token after the slice.
+    stream_->read(start, length, inputs);
+    for (int64_t i = 0; i + 1 < length; i++) targets[i] = inputs[i + 1];
+    stream_->read(start + length, 1, targets + length - 1);
+  }
+
+  int64_t num_sequences() const override { return num_sequences_; }
+
+ private:
+  std::shared_ptr<TokenStream> stream_;
+  int64_t begin_;
+  int64_t seq_len_;
+  int64_t num_sequences_;
+  uint64_t order_seed_;
+};
+
+std::shared_ptr<TokenStream> load_stream(const DataConfig& data, const std::string& pattern,
+                                         const std::string& key, int vocab_size) {
+  std::vector<std::string> files = resolve_data_files(pattern, key);
+  if (data.source == "text")
+    return std::make_shared<TokenStream>(TokenStream::from_text_files(files));
+  return std::make_shared<TokenStream>(TokenStream::from_token_shards(files, vocab_size));
+}
+
+std::string format_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
+void check_fits(int64_t tokens, int64_t seq_len, const std::string& split,
+                const std::string& sizes) {
+  if (tokens < seq_len + 1) {
+    throw DataError("not enough " + split + " data for one sequence of train.seq_len + 1 = " +
+                    std::to_string(seq_len + 1) + " tokens: " + sizes);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> make_packed_dataset(const DataConfig& data, Split split, int64_t seq_len,
+                                             int vocab_size, uint64_t seed) {
+  if (seq_len < 1) throw DataError("sequence length must be >= 1, got " + std::to_string(seq_len));
+  if (data.source == "text" && vocab_size < kTextVocabSize) {
+    throw DataError("model.vocab_size = " + std::to_string(vocab_size) +
+                    " is too small for data.source text, which needs " +
+                    std::to_string(kTextVocabSize) + " (256 bytes + end-of-document)");
+  }
+  uint64_t order_seed = hash_words(seed, split == Split::train ? 1 : 2, 0x6f72646572ull);
+
+  if (split == Split::val && !data.val_path.empty()) {
+    auto stream = load_stream(data, data.val_path, "data.val_path", vocab_size);
+    check_fits(stream->size(), seq_len, "validation",
+               "data.val_path " + stream->describe() + " holds " + std::to_string(stream->size()) +
+                   " tokens");
+    return std::make_unique<PackedDataset>(stream, 0, stream->size(), seq_len, order_seed);
+  }
+
+  auto stream = load_stream(data, data.path, "data.path", vocab_size);
+  int64_t total = stream->size();
+  int64_t val_tokens = data.val_path.empty() ? int64_t(double(total) * data.val_fraction) : 0;
+  int64_t train_tokens = total - val_tokens;
+  std::string sizes = "data.path " + stream->describe() + " holds " + std::to_string(total) +
+                      " tokens; data.val_fraction " + format_number(data.val_fraction) +
+                      " leaves " + std::to_string(train_tokens) + " for training and " +
+                      std::to_string(val_tokens) + " for validation";
+  if (split == Split::train) {
+    check_fits(train_tokens, seq_len, "training", sizes);
+    return std::make_unique<PackedDataset>(stream, 0, train_tokens, seq_len, order_seed);
+  }
+  if (val_tokens == 0) {
+    throw DataError("no validation data: data.val_path is empty and " + sizes +
+                    "; set data.val_path or a larger data.val_fraction");
+  }
+  check_fits(val_tokens, seq_len, "validation", sizes);
+  return std::make_unique<PackedDataset>(stream, train_tokens, total, seq_len, order_seed);
+}
+
+}  // namespace ulysses

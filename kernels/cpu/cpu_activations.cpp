@@ -1,0 +1,263 @@
+// CpuBackend: token/position embedding, rotary position embedding, SwiGLU and GELU.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
+
+namespace ulysses {
+
+using cpu::require_f32;
+using cpu::require_i32;
+using cpu::require_numel;
+
+namespace {
+
+// Token ids come from data files (untrusted): every id must index a row of wte.
+void check_token_ids(const Tensor& tokens, int64_t vocab, const char* op) {
+  const int32_t* ids = tokens.i32();
+  const int64_t n = tokens.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      throw std::out_of_range(std::string(op) + ": token id " + std::to_string(ids[i]) +
+                              " at index " + std::to_string(i) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+    }
+  }
+}
+
+void check_positions(const Tensor& wpe, int64_t pos_offset, int64_t seq_len, const char* op) {
+  if (pos_offset < 0 || pos_offset + seq_len > wpe.shape[0]) {
+    throw std::out_of_range(std::string(op) + ": positions [" + std::to_string(pos_offset) + ", " +
+                            std::to_string(pos_offset + seq_len) + ") exceed wpe " +
+                            wpe.shape_string());
+  }
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                   const Tensor& wpe, int64_t pos_offset) {
+  const char* op = "embedding_forward";
+  require_f32(out, op, "out");
+  require_i32(tokens, op, "tokens");
+  require_f32(wte, op, "wte");
+  cpu::require_ndim(wte, 2, op, "wte");
+  const int64_t vocab = wte.shape[0], width = wte.shape[1];
+  const int64_t n = tokens.numel();
+  const int64_t seq_len = tokens.shape[tokens.ndim - 1];
+  require_numel(out, n * width, op, "out");
+  const bool with_positions = !wpe.empty();
+  if (with_positions) {
+    require_f32(wpe, op, "wpe");
+    cpu::require_ndim(wpe, 2, op, "wpe");
+    if (wpe.shape[1] != width)
+      throw std::invalid_argument(std::string(op) + ": wpe " + wpe.shape_string() +
+                                  " and wte " + wte.shape_string() + " differ in width");
+    check_positions(wpe, pos_offset, seq_len, op);
+  }
+  check_token_ids(tokens, vocab, op);
+
+  const int32_t* ids = tokens.i32();
+  const float* token_table = wte.f32();
+  const float* position_table = with_positions ? wpe.f32() : nullptr;
+  float* o = out.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* token_row = token_table + int64_t(ids[i]) * width;
+    float* out_row = o + i * width;
+    if (with_positions) {
+      const float* position_row = position_table + (pos_offset + i % seq_len) * width;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) out_row[j] = token_row[j] + position_row[j];
+    } else {
+      std::copy(token_row, token_row + width, out_row);
+    }
+  }
+}
+
+void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                    const Tensor& tokens, int64_t pos_offset) {
+  const char* op = "embedding_backward";
+  require_f32(dwte, op, "dwte");
+  require_f32(dout, op, "dout");
+  require_i32(tokens, op, "tokens");
+  cpu::require_ndim(dwte, 2, op, "dwte");
+  const int64_t vocab = dwte.shape[0], width = dwte.shape[1];
+  const int64_t n = tokens.numel();
+  const int64_t seq_len = tokens.shape[tokens.ndim - 1];
+  require_numel(dout, n * width, op, "dout");
+  const bool with_positions = !dwpe.empty();
+  if (with_positions) {
+    require_f32(dwpe, op, "dwpe");
+    cpu::require_ndim(dwpe, 2, op, "dwpe");
+    if (dwpe.shape[1] != width)
+      throw std::invalid_argument(std::string(op) + ": dwpe " + dwpe.shape_string() +
+                                  " and dwte " + dwte.shape_string() + " differ in width");
+    check_positions(dwpe, pos_offset, seq_len, op);
+  }
+  check_token_ids(tokens, vocab, op);
+
+  const int32_t* ids = tokens.i32();
+  const float* g = dout.f32();
+  float* token_grad = dwte.f32();
+  // Threads own blocks of columns and visit tokens in order, so repeated tokens add up
+  // without races and always in the same order.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (width + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t j0 = block * kBlock;
+    const int64_t count = std::min(kBlock, width - j0);
+    for (int64_t i = 0; i < n; ++i) {
+      float* grad_row = token_grad + int64_t(ids[i]) * width + j0;
+      const float* g_row = g + i * width + j0;
+      for (int64_t j = 0; j < count; ++j) grad_row[j] += g_row[j];
+    }
+  }
+  if (!with_positions) return;
+  const int64_t batch = n / seq_len;
+  float* position_grad = dwpe.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < seq_len; ++t) {
+    float* grad_row = position_grad + (pos_offset + t) * width;
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* g_row = g + (b * seq_len + t) * width;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) grad_row[j] += g_row[j];
+    }
+  }
+}
+
+void CpuBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
+  const char* op = "rope";
+  require_f32(x, op, "x");
+  cpu::require_ndim(x, 4, op, "x");
+  const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2], dim = x.shape[3];
+  if (dim % 2 != 0) throw std::invalid_argument("rope: head dim " + std::to_string(dim) + " is odd");
+  if (pos_offset < 0) throw std::invalid_argument("rope: negative pos_offset");
+  const int64_t half = dim / 2;
+
+  // cos/sin of pos·theta^(-2i/d) for the T positions of this call; the angle is formed in
+  // double because positions reach millions.
+  Buffer table = alloc(MemCategory::workspace, DType::f32, {2, seq_len, half}, "rope cos/sin table");
+  float* cos_table = table.f32();
+  float* sin_table = cos_table + seq_len * half;
+  const double sign = inverse ? -1.0 : 1.0;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < seq_len; ++t) {
+    const double position = double(pos_offset + t);
+    for (int64_t i = 0; i < half; ++i) {
+      const double frequency = std::pow(double(theta), -2.0 * double(i) / double(dim));
+      const double angle = sign * position * frequency;
+      cos_table[t * half + i] = float(std::cos(angle));
+      sin_table[t * half + i] = float(std::sin(angle));
+    }
+  }
+
+  float* data = x.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < batch * seq_len; ++bt) {
+    const int64_t t = bt % seq_len;
+    const float* cos_row = cos_table + t * half;
+    const float* sin_row = sin_table + t * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* first = data + (bt * heads + h) * dim;
+      float* second = first + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = first[i], b = second[i];
+        first[i] = a * cos_row[i] - b * sin_row[i];
+        second[i] = b * cos_row[i] + a * sin_row[i];
+      }
+    }
+  }
+}
+
+void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_forward";
+  require_f32(out, op, "out");
+  require_f32(gate, op, "gate");
+  require_f32(up, op, "up");
+  const int64_t n = out.numel();
+  require_numel(gate, n, op, "gate");
+  require_numel(up, n, op, "up");
+  float* o = out.f32();
+  const float* g = gate.f32();
+  const float* u = up.f32();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float sigmoid = 1.0f / (1.0f + cpu::fast_exp(-g[i]));
+    o[i] = g[i] * sigmoid * u[i];
+  }
+}
+
+void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                 const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_backward";
+  require_f32(dgate, op, "dgate");
+  require_f32(dup, op, "dup");
+  require_f32(dout, op, "dout");
+  require_f32(gate, op, "gate");
+  require_f32(up, op, "up");
+  const int64_t n = dout.numel();
+  require_numel(dgate, n, op, "dgate");
+  require_numel(dup, n, op, "dup");
+  require_numel(gate, n, op, "gate");
+  require_numel(up, n, op, "up");
+  float* dg = dgate.f32();
+  float* du = dup.f32();
+  const float* go = dout.f32();
+  const float* g = gate.f32();
+  const float* u = up.f32();
+  // silu(g) = g s(g), silu'(g) = s(g) (1 + g (1 - s(g))).
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float sigmoid = 1.0f / (1.0f + cpu::fast_exp(-g[i]));
+    const float silu = g[i] * sigmoid;
+    du[i] = go[i] * silu;
+    dg[i] = go[i] * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
+  }
+}
+
+namespace {
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+}  // namespace
+
+void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
+  require_f32(out, "gelu_forward", "out");
+  require_f32(x, "gelu_forward", "x");
+  const int64_t n = x.numel();
+  require_numel(out, n, "gelu_forward", "out");
+  float* o = out.f32();
+  const float* in = x.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = in[i];
+    o[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+  }
+}
+
+void CpuBackend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  require_f32(dx, "gelu_backward", "dx");
+  require_f32(dout, "gelu_backward", "dout");
+  require_f32(x, "gelu_backward", "x");
+  const int64_t n = x.numel();
+  require_numel(dx, n, "gelu_backward", "dx");
+  require_numel(dout, n, "gelu_backward", "dout");
+  float* d = dx.f32();
+  const float* g = dout.f32();
+  const float* in = x.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = in[i];
+    const float tanh_a = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+    const float sech2 = 1.0f - tanh_a * tanh_a;
+    const float local = 0.5f * (1.0f + tanh_a) +
+                        0.5f * v * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    d[i] = g[i] * local;
+  }
+}
+
+}  // namespace ulysses

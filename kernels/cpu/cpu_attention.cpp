@@ -1,0 +1,443 @@
+// CpuBackend: causal attention, flash-style. Queries and keys are cut into tiles of kTile
+// rows; a query tile meets the key tiles up to the diagonal with an online softmax, so only
+// O(tile² + tile·d) scratch per thread ever exists. Backward recomputes the probabilities
+// from the saved log-sum-exp in two passes (query tiles for dQ, key tiles for dK and dV) so
+// that every output element is written by one task in a fixed order: results are
+// bit-identical for any thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
+
+namespace ulysses {
+
+namespace {
+
+constexpr int64_t kTile = 64;
+// Head dims are padded to a multiple of this inside the scratch tiles so that the inner
+// loops have whole vectors.
+constexpr int64_t kDimPad = 16;
+
+struct AttentionShape {
+  int64_t batch, seq_len, q_heads, kv_heads, dim, padded_dim, tiles;
+  float scale;
+};
+
+AttentionShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, const Tensor& lse, const char* op) {
+  cpu::require_f32(q, op, "q");
+  cpu::require_f32(k, op, "k");
+  cpu::require_f32(v, op, "v");
+  cpu::require_f32(out, op, "out");
+  cpu::require_f32(lse, op, "lse");
+  cpu::require_ndim(q, 4, op, "q");
+  cpu::require_ndim(k, 4, op, "k");
+  cpu::require_ndim(v, 4, op, "v");
+  AttentionShape s{};
+  s.batch = q.shape[0];
+  s.seq_len = q.shape[1];
+  s.q_heads = q.shape[2];
+  s.dim = q.shape[3];
+  s.kv_heads = k.shape[2];
+  const bool kv_ok = k.shape[0] == s.batch && k.shape[1] == s.seq_len && k.shape[3] == s.dim &&
+                     v.ndim == 4 && v.shape == k.shape;
+  if (!kv_ok || s.kv_heads == 0 || s.q_heads % s.kv_heads != 0) {
+    throw std::invalid_argument(std::string(op) + ": q " + q.shape_string() + ", k " +
+                                k.shape_string() + ", v " + v.shape_string() +
+                                " do not fit q[B, T, Hq, d], k/v[B, T, Hkv, d] with Hq % Hkv == 0");
+  }
+  cpu::require_numel(out, q.numel(), op, "out");
+  cpu::require_numel(lse, s.batch * s.q_heads * s.seq_len, op, "lse");
+  s.padded_dim = (s.dim + kDimPad - 1) / kDimPad * kDimPad;
+  s.tiles = (s.seq_len + kTile - 1) / kTile;
+  s.scale = float(1.0 / std::sqrt(double(s.dim)));
+  return s;
+}
+
+// Hands out consecutive pieces of one thread's scratch slice.
+class ScratchCursor {
+ public:
+  explicit ScratchCursor(float* base) : next_(base) {}
+  float* take(int64_t count) {
+    float* piece = next_;
+    next_ += count;
+    return piece;
+  }
+
+ private:
+  float* next_;
+};
+
+// tile[r][c] = factor · src[r·stride + c] for r < rows, c < dim; zero up to [kTile][pdim].
+void load_rows(float* tile, const float* src, int64_t stride, int64_t rows, int64_t dim,
+               int64_t pdim, float factor) {
+  std::fill(tile, tile + kTile * pdim, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < dim; ++c) tile[r * pdim + c] = factor * src[r * stride + c];
+  }
+}
+
+// tile[c][r] = src[r·stride + c], the transposed layout [pdim][kTile], zero-padded.
+void load_columns(float* tile, const float* src, int64_t stride, int64_t rows, int64_t dim,
+                  int64_t pdim) {
+  std::fill(tile, tile + pdim * kTile, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < dim; ++c) tile[c * kTile + r] = src[r * stride + c];
+  }
+}
+
+// The tile loops below are compiled twice, for AVX2 + FMA and for the baseline the project
+// builds for (x86-64-v2), and the loader picks the one the CPU runs: 256-bit vectors and FMA
+// double their speed. Each machine always uses the same one, so results stay bit-identical
+// from run to run.
+#if defined(__GNUC__) && defined(__x86_64__)
+#define ULYSSES_TILE_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ULYSSES_TILE_KERNEL
+#endif
+
+// Eight floats: one AVX register, or two SSE registers in the baseline build. The product
+// below keeps a 4 × 16 block of c in registers, which plain loops do not get from GCC.
+// Every tile is 64-byte aligned with rows of whole multiples of 16 floats, so tiles can be
+// read as Vec8 directly.
+typedef float Vec8 __attribute__((vector_size(32), may_alias));
+
+// c[i][j] += Σ_p a(i, p) · b[p][j] for i < kTile, j < n (a multiple of 16), p < k, where
+// a(i, p) = a[i·a_row + p·a_col]: (a_row, a_col) = (k, 1) reads a as [kTile][k], and
+// (1, kTile) reads it transposed from [k][kTile].
+ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, int64_t a_col,
+                                     const float* b, int64_t n, int64_t k) {
+  constexpr int64_t kRows = 4;
+  for (int64_t i0 = 0; i0 < kTile; i0 += kRows) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      Vec8 acc[kRows][2];
+      for (int64_t r = 0; r < kRows; ++r) {
+        const Vec8* c_row = reinterpret_cast<const Vec8*>(c + (i0 + r) * n + j0);
+        acc[r][0] = c_row[0];
+        acc[r][1] = c_row[1];
+      }
+      for (int64_t p = 0; p < k; ++p) {
+        const Vec8* b_row = reinterpret_cast<const Vec8*>(b + p * n + j0);
+        for (int64_t r = 0; r < kRows; ++r) {
+          const float a_ip = a[(i0 + r) * a_row + p * a_col];
+          acc[r][0] += a_ip * b_row[0];
+          acc[r][1] += a_ip * b_row[1];
+        }
+      }
+      for (int64_t r = 0; r < kRows; ++r) {
+        Vec8* c_row = reinterpret_cast<Vec8*>(c + (i0 + r) * n + j0);
+        c_row[0] = acc[r][0];
+        c_row[1] = acc[r][1];
+      }
+    }
+  }
+}
+
+// Keys visible from query row `query` in a key tile starting at key0 with key_rows rows.
+int64_t visible_keys(int64_t query, int64_t key0, int64_t key_rows) {
+  return std::clamp<int64_t>(query - key0 + 1, 0, key_rows);
+}
+
+// Forward online-softmax step for one [kTile][kTile] score tile: scores become the
+// probabilities relative to the new running max, running sums are updated, and rows of the
+// output accumulator are rescaled by exp(old max − new max).
+ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float* row_max,
+                                             float* row_sum, int64_t q0, int64_t q_rows,
+                                             int64_t k0, int64_t k_rows, int64_t pdim) {
+  constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < kTile; ++i) {
+    float* p = scores + i * kTile;
+    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
+    if (visible == 0) {
+      std::fill(p, p + kTile, 0.0f);
+      continue;
+    }
+    float tile_max = kMinusInfinity;
+#pragma omp simd reduction(max : tile_max)
+    for (int64_t j = 0; j < kTile; ++j) tile_max = std::max(tile_max, j < visible ? p[j] : kMinusInfinity);
+    const float new_max = std::max(row_max[i], tile_max);
+    const float correction = cpu::fast_exp(row_max[i] - new_max);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < kTile; ++j) {
+      const float value = j < visible ? cpu::fast_exp(p[j] - new_max) : 0.0f;
+      p[j] = value;
+      sum += value;
+    }
+    row_sum[i] = row_sum[i] * correction + sum;
+    row_max[i] = new_max;
+    float* o_row = o_tile + i * pdim;
+#pragma omp simd
+    for (int64_t c = 0; c < pdim; ++c) o_row[c] *= correction;
+  }
+}
+
+// Backward: probs becomes P = exp(S − lse) and dprobs becomes dS = P ∘ (dP − D), both zero
+// where masked; tile_lse and tile_d hold lse and D of the tile's query rows.
+ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const float* tile_lse,
+                                           const float* tile_d, int64_t q0, int64_t q_rows,
+                                           int64_t k0, int64_t k_rows) {
+  for (int64_t i = 0; i < kTile; ++i) {
+    float* p = probs + i * kTile;
+    float* dp = dprobs + i * kTile;
+    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
+#pragma omp simd
+    for (int64_t j = 0; j < kTile; ++j) {
+      const float prob = j < visible ? cpu::fast_exp(p[j] - tile_lse[i]) : 0.0f;
+      p[j] = prob;
+      dp[j] = prob * (dp[j] - tile_d[i]);
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                   const Tensor& k, const Tensor& v) {
+  const AttentionShape s = check_attention(q, k, v, out, lse, "attention_forward");
+  const int64_t pdim = s.padded_dim;
+  const int64_t group = s.q_heads / s.kv_heads;
+  const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;
+  // Per thread: q, kᵀ, v and output tiles, the score tile, running max and sum.
+  const int64_t per_thread = 4 * kTile * pdim + kTile * kTile + 2 * kTile;
+  const int threads = omp_get_max_threads();
+  Buffer scratch = alloc(MemCategory::attention, DType::f32, {threads, per_thread},
+                         "attention_forward scratch");
+
+  const float* q_data = q.f32();
+  const float* k_data = k.f32();
+  const float* v_data = v.f32();
+  float* out_data = out.f32();
+  float* lse_data = lse.f32();
+  const int64_t tasks = s.batch * s.q_heads * s.tiles;
+#pragma omp parallel
+  {
+    ScratchCursor cursor(scratch.f32() + omp_get_thread_num() * per_thread);
+    float* q_tile = cursor.take(kTile * pdim);
+    float* kt_tile = cursor.take(pdim * kTile);
+    float* v_tile = cursor.take(kTile * pdim);
+    float* o_tile = cursor.take(kTile * pdim);
+    float* scores = cursor.take(kTile * kTile);
+    float* row_max = cursor.take(kTile);
+    float* row_sum = cursor.take(kTile);
+
+    // Tasks in (b, h, query tile) order with the longest (last) tiles first; each task
+    // writes its own rows of out and lse, so the schedule cannot change the results.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t tile = s.tiles - 1 - task % s.tiles;
+      const int64_t h = (task / s.tiles) % s.q_heads;
+      const int64_t b = task / (s.tiles * s.q_heads);
+      const int64_t kv_h = h / group;
+      const int64_t q0 = tile * kTile;
+      const int64_t q_rows = std::min(kTile, s.seq_len - q0);
+
+      // The q tile is pre-scaled by 1/sqrt(d), so its products are the scaled scores.
+      load_rows(q_tile, q_data + ((b * s.seq_len + q0) * s.q_heads + h) * s.dim, q_stride, q_rows,
+                s.dim, pdim, s.scale);
+      std::fill(o_tile, o_tile + kTile * pdim, 0.0f);
+      std::fill(row_max, row_max + kTile, -std::numeric_limits<float>::infinity());
+      std::fill(row_sum, row_sum + kTile, 0.0f);
+
+      for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+        const int64_t k0 = key_tile * kTile;
+        const int64_t k_rows = std::min(kTile, s.seq_len - k0);
+        const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
+        load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
+        load_rows(v_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
+        std::fill(scores, scores + kTile * kTile, 0.0f);
+        tile_matmul(scores, q_tile, pdim, 1, kt_tile, kTile, pdim);
+        online_softmax_tile(scores, o_tile, row_max, row_sum, q0, q_rows, k0, k_rows, pdim);
+        tile_matmul(o_tile, scores, kTile, 1, v_tile, pdim, kTile);
+      }
+
+      for (int64_t i = 0; i < q_rows; ++i) {
+        float* out_row = out_data + ((b * s.seq_len + q0 + i) * s.q_heads + h) * s.dim;
+        const float inverse_sum = 1.0f / row_sum[i];
+        for (int64_t c = 0; c < s.dim; ++c) out_row[c] = o_tile[i * pdim + c] * inverse_sum;
+        lse_data[(b * s.q_heads + h) * s.seq_len + q0 + i] = row_max[i] + std::log(row_sum[i]);
+      }
+    }
+  }
+}
+
+void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                    const Tensor& dout, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const Tensor& out, const Tensor& lse) {
+  const char* op = "attention_backward";
+  const AttentionShape s = check_attention(q, k, v, out, lse, op);
+  cpu::require_f32(dq, op, "dq");
+  cpu::require_f32(dk, op, "dk");
+  cpu::require_f32(dv, op, "dv");
+  cpu::require_f32(dout, op, "dout");
+  cpu::require_numel(dq, q.numel(), op, "dq");
+  cpu::require_numel(dout, q.numel(), op, "dout");
+  cpu::require_numel(dk, k.numel(), op, "dk");
+  cpu::require_numel(dv, k.numel(), op, "dv");
+  const int64_t pdim = s.padded_dim;
+  const int64_t group = s.q_heads / s.kv_heads;
+  const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;
+
+  const float* q_data = q.f32();
+  const float* k_data = k.f32();
+  const float* v_data = v.f32();
+  const float* o_data = out.f32();
+  const float* do_data = dout.f32();
+  const float* lse_data = lse.f32();
+  float* dq_data = dq.f32();
+  float* dk_data = dk.f32();
+  float* dv_data = dv.f32();
+
+  // D[b, h, t] = Σ_c dO·O, the row term of the softmax gradient.
+  Buffer row_dot = alloc(MemCategory::attention, DType::f32, {s.batch, s.q_heads, s.seq_len},
+                         "attention_backward dO·O");
+  float* d_data = row_dot.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < s.batch * s.seq_len; ++bt) {
+    const int64_t b = bt / s.seq_len, t = bt % s.seq_len;
+    for (int64_t h = 0; h < s.q_heads; ++h) {
+      const float* o_row = o_data + (bt * s.q_heads + h) * s.dim;
+      const float* do_row = do_data + (bt * s.q_heads + h) * s.dim;
+      double sum = 0.0;
+      for (int64_t c = 0; c < s.dim; ++c) sum += double(o_row[c]) * double(do_row[c]);
+      d_data[(b * s.q_heads + h) * s.seq_len + t] = float(sum);
+    }
+  }
+
+  // Per thread, the larger of the two passes: eight [kTile][pdim] tiles, two score tiles and
+  // the lse and D values of one query tile.
+  const int64_t per_thread = 8 * kTile * pdim + 2 * kTile * kTile + 2 * kTile;
+  const int threads = omp_get_max_threads();
+  Buffer scratch = alloc(MemCategory::attention, DType::f32, {threads, per_thread},
+                         "attention_backward scratch");
+
+  // Pass 1, per (b, q head, query tile): dQ = scale · Σ_j dS K with dS = P ∘ (dP − D),
+  // P = exp(S − lse), dP = dO Vᵀ. The q tile is pre-scaled, so S needs no further scaling.
+  const int64_t q_tasks = s.batch * s.q_heads * s.tiles;
+#pragma omp parallel
+  {
+    ScratchCursor cursor(scratch.f32() + omp_get_thread_num() * per_thread);
+    float* q_tile = cursor.take(kTile * pdim);
+    float* do_tile = cursor.take(kTile * pdim);
+    float* kt_tile = cursor.take(pdim * kTile);
+    float* vt_tile = cursor.take(pdim * kTile);
+    float* k_tile = cursor.take(kTile * pdim);
+    float* dq_tile = cursor.take(kTile * pdim);
+    float* probs = cursor.take(kTile * kTile);
+    float* dprobs = cursor.take(kTile * kTile);
+    float* tile_lse = cursor.take(kTile);
+    float* tile_d = cursor.take(kTile);
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < q_tasks; ++task) {
+      const int64_t tile = s.tiles - 1 - task % s.tiles;
+      const int64_t h = (task / s.tiles) % s.q_heads;
+      const int64_t b = task / (s.tiles * s.q_heads);
+      const int64_t kv_h = h / group;
+      const int64_t q0 = tile * kTile;
+      const int64_t q_rows = std::min(kTile, s.seq_len - q0);
+      const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
+      const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
+
+      load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
+      load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
+      std::fill(tile_lse, tile_lse + kTile, 0.0f);
+      std::fill(tile_d, tile_d + kTile, 0.0f);
+      std::copy(lse_data + row_offset, lse_data + row_offset + q_rows, tile_lse);
+      std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
+      std::fill(dq_tile, dq_tile + kTile * pdim, 0.0f);
+
+      for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+        const int64_t k0 = key_tile * kTile;
+        const int64_t k_rows = std::min(kTile, s.seq_len - k0);
+        const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
+        load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
+        load_columns(vt_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
+        load_rows(k_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
+        std::fill(probs, probs + kTile * kTile, 0.0f);
+        std::fill(dprobs, dprobs + kTile * kTile, 0.0f);
+        tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim);
+        tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim);
+        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
+        tile_matmul(dq_tile, dprobs, kTile, 1, k_tile, pdim, kTile);
+      }
+
+      for (int64_t i = 0; i < q_rows; ++i) {
+        float* dq_row = dq_data + q_offset + i * q_stride;
+        for (int64_t c = 0; c < s.dim; ++c) dq_row[c] = s.scale * dq_tile[i * pdim + c];
+      }
+    }
+  }
+
+  // Pass 2, per (b, kv head, key tile): dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the q
+  // heads of the group and the query tiles at or after the key tile. P and dS are read
+  // transposed by the products; the pre-scaled q tile supplies the factor scale.
+  const int64_t kv_tasks = s.batch * s.kv_heads * s.tiles;
+#pragma omp parallel
+  {
+    ScratchCursor cursor(scratch.f32() + omp_get_thread_num() * per_thread);
+    float* kt_tile = cursor.take(pdim * kTile);
+    float* vt_tile = cursor.take(pdim * kTile);
+    float* q_tile = cursor.take(kTile * pdim);
+    float* do_tile = cursor.take(kTile * pdim);
+    float* dk_tile = cursor.take(kTile * pdim);
+    float* dv_tile = cursor.take(kTile * pdim);
+    float* probs = cursor.take(kTile * kTile);
+    float* dprobs = cursor.take(kTile * kTile);
+    float* tile_lse = cursor.take(kTile);
+    float* tile_d = cursor.take(kTile);
+
+    // Key tile 0 sees every query tile: the longest tasks come first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < kv_tasks; ++task) {
+      const int64_t key_tile = task % s.tiles;
+      const int64_t kv_h = (task / s.tiles) % s.kv_heads;
+      const int64_t b = task / (s.tiles * s.kv_heads);
+      const int64_t k0 = key_tile * kTile;
+      const int64_t k_rows = std::min(kTile, s.seq_len - k0);
+      const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
+
+      load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
+      load_columns(vt_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
+      std::fill(dk_tile, dk_tile + kTile * pdim, 0.0f);
+      std::fill(dv_tile, dv_tile + kTile * pdim, 0.0f);
+
+      for (int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
+        for (int64_t tile = key_tile; tile < s.tiles; ++tile) {
+          const int64_t q0 = tile * kTile;
+          const int64_t q_rows = std::min(kTile, s.seq_len - q0);
+          const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
+          const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
+          load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
+          load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
+          std::fill(tile_lse, tile_lse + kTile, 0.0f);
+          std::fill(tile_d, tile_d + kTile, 0.0f);
+          std::copy(lse_data + row_offset, lse_data + row_offset + q_rows, tile_lse);
+          std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
+          std::fill(probs, probs + kTile * kTile, 0.0f);
+          std::fill(dprobs, dprobs + kTile * kTile, 0.0f);
+          tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim);
+          tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim);
+          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
+          tile_matmul(dv_tile, probs, 1, kTile, do_tile, pdim, kTile);
+          tile_matmul(dk_tile, dprobs, 1, kTile, q_tile, pdim, kTile);
+        }
+      }
+
+      for (int64_t j = 0; j < k_rows; ++j) {
+        float* dk_row = dk_data + kv_offset + j * kv_stride;
+        float* dv_row = dv_data + kv_offset + j * kv_stride;
+        for (int64_t c = 0; c < s.dim; ++c) {
+          dk_row[c] = dk_tile[j * pdim + c];
+          dv_row[c] = dv_tile[j * pdim + c];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ulysses

@@ -1,0 +1,261 @@
+// CpuBackend: memory, data movement, elementwise helpers, GEMM, bias and AdamW.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+
+namespace ulysses {
+
+using cpu::require_f32;
+using cpu::require_ndim;
+using cpu::require_numel;
+
+void CpuBackend::set_num_threads(int threads) {
+  if (threads < 1) throw std::invalid_argument("set_num_threads: threads must be >= 1");
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+void* CpuBackend::raw_alloc(size_t bytes) {
+  constexpr size_t kAlignment = 64;
+  // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a
+  // distinct pointer so that an empty tensor is not mistaken for a missing one.
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  void* pointer = std::aligned_alloc(kAlignment, rounded);
+  if (!pointer) throw OutOfMemoryError("cpu: allocation of " + format_bytes(int64_t(bytes)) + " failed");
+  return pointer;
+}
+
+void CpuBackend::raw_free(void* pointer) { std::free(pointer); }
+
+// ---- data movement -----------------------------------------------------------------------
+
+void CpuBackend::upload(const Tensor& dst, const void* host_src) {
+  if (dst.bytes() > 0) std::memcpy(dst.data, host_src, dst.bytes());
+}
+
+void CpuBackend::download(void* host_dst, const Tensor& src) {
+  if (src.bytes() > 0) std::memcpy(host_dst, src.data, src.bytes());
+}
+
+void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
+    throw std::invalid_argument(std::string("copy: dst ") + dtype_name(dst.dtype) + " " +
+                                dst.shape_string() + " and src " + dtype_name(src.dtype) + " " +
+                                src.shape_string() + " differ in type or element count");
+  }
+  if (dst.bytes() > 0 && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
+}
+
+namespace {
+
+// Round to nearest, ties to even; NaN stays a (quiet) NaN.
+uint16_t f32_to_bf16(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x0040u);
+  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t((bits + rounding) >> 16);
+}
+
+float bf16_to_f32(uint16_t value) { return std::bit_cast<float>(uint32_t(value) << 16); }
+
+}  // namespace
+
+void CpuBackend::cast(const Tensor& dst, const Tensor& src) {
+  require_numel(dst, src.numel(), "cast", "dst");
+  const int64_t n = src.numel();
+  if (dst.dtype == src.dtype) {
+    copy(dst, src);
+  } else if (src.dtype == DType::f32 && dst.dtype == DType::bf16) {
+    const float* in = static_cast<const float*>(src.data);
+    uint16_t* out = static_cast<uint16_t*>(dst.data);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+  } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
+    const uint16_t* in = static_cast<const uint16_t*>(src.data);
+    float* out = static_cast<float*>(dst.data);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
+  } else {
+    throw std::invalid_argument(std::string("cast: unsupported ") + dtype_name(src.dtype) + " -> " +
+                                dtype_name(dst.dtype) + " (only f32 <-> bf16)");
+  }
+}
+
+void CpuBackend::fill_zero(const Tensor& dst) {
+  if (dst.bytes() > 0) std::memset(dst.data, 0, dst.bytes());
+}
+
+void CpuBackend::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                         int64_t row_bytes, int64_t rows) {
+  if (row_bytes < 0 || rows < 0 || (rows > 1 && (dst_pitch < row_bytes || src_pitch < row_bytes))) {
+    throw std::invalid_argument("copy_2d: pitches must be at least row_bytes (" +
+                                std::to_string(row_bytes) + "), got dst " +
+                                std::to_string(dst_pitch) + " src " + std::to_string(src_pitch));
+  }
+  char* out = static_cast<char*>(dst);
+  const char* in = static_cast<const char*>(src);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * dst_pitch, in + r * src_pitch, row_bytes);
+}
+
+// ---- elementwise -------------------------------------------------------------------------
+
+void CpuBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
+  require_f32(y, "axpy", "y");
+  require_f32(x, "axpy", "x");
+  require_numel(x, y.numel(), "axpy", "x");
+  float* out = y.f32();
+  const float* in = x.f32();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] += alpha * in[i];
+}
+
+void CpuBackend::scale(const Tensor& x, float alpha) {
+  require_f32(x, "scale", "x");
+  float* data = x.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) data[i] *= alpha;
+}
+
+double CpuBackend::sum_squares(const Tensor& x) {
+  require_f32(x, "sum_squares", "x");
+  const float* data = x.f32();
+  const int64_t n = x.numel();
+  // Fixed chunks summed in chunk order: the result does not depend on the thread count.
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(size_t(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    double sum = 0.0;
+    for (int64_t i = c * kChunk; i < end; ++i) sum += double(data[i]) * double(data[i]);
+    partial[size_t(c)] = sum;
+  }
+  double total = 0.0;
+  for (double value : partial) total += value;
+  return total;
+}
+
+// ---- GEMM --------------------------------------------------------------------------------
+
+void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                      const Tensor& c, float alpha, float beta) {
+  require_f32(a, "gemm", "a");
+  require_f32(b, "gemm", "b");
+  require_f32(c, "gemm", "c");
+  require_ndim(a, 2, "gemm", "a");
+  require_ndim(b, 2, "gemm", "b");
+  require_ndim(c, 2, "gemm", "c");
+  const int64_t m = trans_a ? a.shape[1] : a.shape[0];
+  const int64_t k = trans_a ? a.shape[0] : a.shape[1];
+  const int64_t k_b = trans_b ? b.shape[1] : b.shape[0];
+  const int64_t n = trans_b ? b.shape[0] : b.shape[1];
+  if (k != k_b || c.shape[0] != m || c.shape[1] != n) {
+    throw std::invalid_argument("gemm: shapes do not match: a " + a.shape_string() +
+                                (trans_a ? "^T" : "") + " · b " + b.shape_string() +
+                                (trans_b ? "^T" : "") + " -> c " + c.shape_string() +
+                                " (need op(a) [M, K], op(b) [K, N], c [M, N])");
+  }
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    scale(c, beta);
+    if (beta == 0.0f) fill_zero(c);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, a.f32(),
+              int(a.shape[1]), b.f32(), int(b.shape[1]), beta, c.f32(), int(n));
+}
+
+void CpuBackend::bias_forward(const Tensor& out, const Tensor& bias) {
+  require_f32(out, "bias_forward", "out");
+  require_f32(bias, "bias_forward", "bias");
+  const int64_t width = bias.numel();
+  const int64_t rows = cpu::rows_of(out, width, "bias_forward", "out");
+  float* o = out.f32();
+  const float* b = bias.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = o + r * width;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) row[j] += b[j];
+  }
+}
+
+void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  require_f32(dbias, "bias_backward", "dbias");
+  require_f32(dout, "bias_backward", "dout");
+  const int64_t width = dbias.numel();
+  const int64_t rows = cpu::rows_of(dout, width, "bias_backward", "dout");
+  float* db = dbias.f32();
+  const float* g = dout.f32();
+  // Threads own blocks of columns and add rows in order: no races, fixed summation order.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (width + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t j0 = block * kBlock;
+    const int64_t count = std::min(kBlock, width - j0);
+    double sum[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = g + r * width + j0;
+      for (int64_t j = 0; j < count; ++j) sum[j] += row[j];
+    }
+    for (int64_t j = 0; j < count; ++j) db[j0 + j] += float(sum[j]);
+  }
+}
+
+// ---- optimizer ---------------------------------------------------------------------------
+
+void CpuBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                       const AdamWStep& step) {
+  require_f32(param, "adamw", "param");
+  require_f32(grad, "adamw", "grad");
+  require_f32(m, "adamw", "m");
+  require_f32(v, "adamw", "v");
+  const int64_t n = param.numel();
+  require_numel(grad, n, "adamw", "grad");
+  require_numel(m, n, "adamw", "m");
+  require_numel(v, n, "adamw", "v");
+  if (step.step < 1) throw std::invalid_argument("adamw: step must be >= 1 (1-based)");
+
+  // Scalars in double then rounded, as PyTorch does with its Python-float hyperparameters.
+  const double bias_correction1 = 1.0 - std::pow(double(step.beta1), double(step.step));
+  const double bias_correction2 = 1.0 - std::pow(double(step.beta2), double(step.step));
+  const float decay = float(1.0 - double(step.lr) * double(step.weight_decay));
+  const float step_size = float(double(step.lr) / bias_correction1);
+  const float bias_correction2_sqrt = float(std::sqrt(bias_correction2));
+  const float beta1 = step.beta1, beta2 = step.beta2;
+  const float one_minus_beta1 = float(1.0 - double(step.beta1));
+  const float one_minus_beta2 = float(1.0 - double(step.beta2));
+  const float eps = step.eps, grad_scale = step.grad_scale;
+
+  float* p = param.f32();
+  const float* g_in = grad.f32();
+  float* m_state = m.f32();
+  float* v_state = v.f32();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad_scale * g_in[i];
+    p[i] *= decay;
+    m_state[i] = beta1 * m_state[i] + one_minus_beta1 * g;
+    v_state[i] = beta2 * v_state[i] + one_minus_beta2 * g * g;
+    const float denom = std::sqrt(v_state[i]) / bias_correction2_sqrt + eps;
+    p[i] -= step_size * (m_state[i] / denom);
+  }
+}
+
+}  // namespace ulysses

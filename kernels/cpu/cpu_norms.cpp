@@ -1,0 +1,206 @@
+// CpuBackend: RMSNorm and LayerNorm over rows of width C. Row statistics are accumulated in
+// double; weight/bias gradients are reduced per column in row order (deterministic).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
+
+namespace ulysses {
+
+using cpu::require_f32;
+using cpu::require_numel;
+
+namespace {
+
+// dst[j] += sum over r of term(r, j), for j < width. Threads own blocks of columns, so every
+// column is summed by one thread in row order.
+template <typename Term>
+void add_column_sums(float* dst, int64_t width, int64_t rows, Term term) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (width + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t j0 = block * kBlock;
+    const int64_t count = std::min(kBlock, width - j0);
+    double sum[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < count; ++j) sum[j] += term(r, j0 + j);
+    }
+    for (int64_t j = 0; j < count; ++j) dst[j0 + j] += float(sum[j]);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                 const Tensor& weight, float eps) {
+  const char* op = "rmsnorm_forward";
+  require_f32(out, op, "out");
+  require_f32(rstd, op, "rstd");
+  require_f32(x, op, "x");
+  require_f32(weight, op, "weight");
+  const int64_t width = weight.numel();
+  const int64_t rows = cpu::rows_of(x, width, op, "x");
+  require_numel(out, x.numel(), op, "out");
+  require_numel(rstd, rows, op, "rstd");
+
+  const float* in = x.f32();
+  const float* w = weight.f32();
+  float* o = out.f32();
+  float* rs = rstd.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * width;
+    double sum_sq = 0.0;
+    for (int64_t j = 0; j < width; ++j) sum_sq += double(row[j]) * double(row[j]);
+    const float row_rstd = float(1.0 / std::sqrt(sum_sq / double(width) + double(eps)));
+    rs[r] = row_rstd;
+    float* out_row = o + r * width;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) out_row[j] = row[j] * row_rstd * w[j];
+  }
+}
+
+void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                  const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward";
+  require_f32(dx, op, "dx");
+  require_f32(dweight, op, "dweight");
+  require_f32(dout, op, "dout");
+  require_f32(x, op, "x");
+  require_f32(weight, op, "weight");
+  require_f32(rstd, op, "rstd");
+  const int64_t width = weight.numel();
+  const int64_t rows = cpu::rows_of(x, width, op, "x");
+  require_numel(dx, x.numel(), op, "dx");
+  require_numel(dout, x.numel(), op, "dout");
+  require_numel(dweight, width, op, "dweight");
+  require_numel(rstd, rows, op, "rstd");
+
+  const float* in = x.f32();
+  const float* w = weight.f32();
+  const float* g = dout.f32();
+  const float* rs = rstd.f32();
+  float* dxp = dx.f32();
+  // out_j = x_j r w_j with r = (mean(x²) + eps)^(-1/2), dr/dx_j = -r³ x_j / C, so
+  // dx_j = r w_j g_j - (r³ / C) x_j Σ_i g_i w_i x_i.
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * width;
+    const float* grow = g + r * width;
+    double dot = 0.0;
+    for (int64_t j = 0; j < width; ++j) dot += double(grow[j]) * double(w[j]) * double(row[j]);
+    const double row_rstd = rs[r];
+    const float coefficient = float(row_rstd * row_rstd * row_rstd * dot / double(width));
+    const float row_rstd_f = rs[r];
+    float* dx_row = dxp + r * width;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j)
+      dx_row[j] += row_rstd_f * w[j] * grow[j] - coefficient * row[j];
+  }
+  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
+    return double(g[r * width + j]) * double(in[r * width + j]) * double(rs[r]);
+  });
+}
+
+void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   float eps) {
+  const char* op = "layernorm_forward";
+  require_f32(out, op, "out");
+  require_f32(mean, op, "mean");
+  require_f32(rstd, op, "rstd");
+  require_f32(x, op, "x");
+  require_f32(weight, op, "weight");
+  require_f32(bias, op, "bias");
+  const int64_t width = weight.numel();
+  const int64_t rows = cpu::rows_of(x, width, op, "x");
+  require_numel(out, x.numel(), op, "out");
+  require_numel(mean, rows, op, "mean");
+  require_numel(rstd, rows, op, "rstd");
+  require_numel(bias, width, op, "bias");
+
+  const float* in = x.f32();
+  const float* w = weight.f32();
+  const float* b = bias.f32();
+  float* o = out.f32();
+  float* mu = mean.f32();
+  float* rs = rstd.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * width;
+    double sum = 0.0;
+    for (int64_t j = 0; j < width; ++j) sum += row[j];
+    const double row_mean = sum / double(width);
+    double sum_sq = 0.0;
+    for (int64_t j = 0; j < width; ++j) {
+      const double centered = double(row[j]) - row_mean;
+      sum_sq += centered * centered;
+    }
+    const float row_rstd = float(1.0 / std::sqrt(sum_sq / double(width) + double(eps)));
+    const float row_mean_f = float(row_mean);
+    mu[r] = row_mean_f;
+    rs[r] = row_rstd;
+    float* out_row = o + r * width;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) out_row[j] = (row[j] - row_mean_f) * row_rstd * w[j] + b[j];
+  }
+}
+
+void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                    const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_backward";
+  require_f32(dx, op, "dx");
+  require_f32(dweight, op, "dweight");
+  require_f32(dbias, op, "dbias");
+  require_f32(dout, op, "dout");
+  require_f32(x, op, "x");
+  require_f32(weight, op, "weight");
+  require_f32(mean, op, "mean");
+  require_f32(rstd, op, "rstd");
+  const int64_t width = weight.numel();
+  const int64_t rows = cpu::rows_of(x, width, op, "x");
+  require_numel(dx, x.numel(), op, "dx");
+  require_numel(dout, x.numel(), op, "dout");
+  require_numel(dweight, width, op, "dweight");
+  require_numel(dbias, width, op, "dbias");
+  require_numel(mean, rows, op, "mean");
+  require_numel(rstd, rows, op, "rstd");
+
+  const float* in = x.f32();
+  const float* w = weight.f32();
+  const float* g = dout.f32();
+  const float* mu = mean.f32();
+  const float* rs = rstd.f32();
+  float* dxp = dx.f32();
+  // With x̂ = (x - mean) r and ĝ = g w: dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)).
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * width;
+    const float* grow = g + r * width;
+    double sum_g = 0.0, sum_g_xhat = 0.0;
+    for (int64_t j = 0; j < width; ++j) {
+      const double g_hat = double(grow[j]) * double(w[j]);
+      sum_g += g_hat;
+      sum_g_xhat += g_hat * (double(row[j]) - double(mu[r])) * double(rs[r]);
+    }
+    const float mean_g = float(sum_g / double(width));
+    const float mean_g_xhat = float(sum_g_xhat / double(width));
+    const float row_mean = mu[r], row_rstd = rs[r];
+    float* dx_row = dxp + r * width;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) {
+      const float xhat = (row[j] - row_mean) * row_rstd;
+      dx_row[j] += row_rstd * (grow[j] * w[j] - mean_g - xhat * mean_g_xhat);
+    }
+  }
+  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
+    return double(g[r * width + j]) * (double(in[r * width + j]) - double(mu[r])) * double(rs[r]);
+  });
+  add_column_sums(dbias.f32(), width, rows,
+                  [&](int64_t r, int64_t j) { return double(g[r * width + j]); });
+}
+
+}  // namespace ulysses

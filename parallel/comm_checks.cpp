@@ -1,0 +1,73 @@
+#include "parallel/comm_checks.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace ulysses {
+
+namespace {
+
+std::string where(const Comm& comm, const char* operation) {
+  return std::string(operation) + " on communicator '" + comm.name() + "' (size " +
+         std::to_string(comm.size()) + ")";
+}
+
+void check_same_dtype(const Comm& comm, const char* operation, const Tensor& send,
+                      const Tensor& recv) {
+  if (send.dtype != recv.dtype)
+    throw std::invalid_argument(where(comm, operation) + ": send is " + dtype_name(send.dtype) +
+                                " but recv is " + dtype_name(recv.dtype));
+}
+
+}  // namespace
+
+void check_all_to_all_args(const Comm& comm, const Tensor& send, const Tensor& recv) {
+  check_same_dtype(comm, "all_to_all", send, recv);
+  if (send.numel() != recv.numel() || send.numel() % comm.size() != 0)
+    throw std::invalid_argument(where(comm, "all_to_all") + ": send " + send.shape_string() +
+                                " and recv " + recv.shape_string() +
+                                " must have equal element counts divisible by the size");
+}
+
+void check_all_to_all_v_args(const Comm& comm, const Tensor& send, const int64_t* send_counts,
+                             const int64_t* send_displs, const Tensor& recv,
+                             const int64_t* recv_counts, const int64_t* recv_displs) {
+  check_same_dtype(comm, "all_to_all_v", send, recv);
+  for (int r = 0; r < comm.size(); ++r) {
+    bool send_ok = send_counts[r] >= 0 && send_displs[r] >= 0 &&
+                   send_displs[r] + send_counts[r] <= send.numel();
+    bool recv_ok = recv_counts[r] >= 0 && recv_displs[r] >= 0 &&
+                   recv_displs[r] + recv_counts[r] <= recv.numel();
+    if (!send_ok || !recv_ok)
+      throw std::invalid_argument(
+          where(comm, "all_to_all_v") + ": the range for rank " + std::to_string(r) + " (send " +
+          std::to_string(send_displs[r]) + "+" + std::to_string(send_counts[r]) + " of " +
+          std::to_string(send.numel()) + ", recv " + std::to_string(recv_displs[r]) + "+" +
+          std::to_string(recv_counts[r]) + " of " + std::to_string(recv.numel()) +
+          ") is outside its buffer");
+  }
+}
+
+void check_reduce_scatter_args(const Comm& comm, const Tensor& send, const Tensor& recv) {
+  check_same_dtype(comm, "reduce_scatter", send, recv);
+  if (send.numel() != recv.numel() * comm.size())
+    throw std::invalid_argument(where(comm, "reduce_scatter") + ": send " + send.shape_string() +
+                                " must have size() times the elements of recv " +
+                                recv.shape_string());
+}
+
+void check_all_gather_args(const Comm& comm, const Tensor& send, const Tensor& recv) {
+  check_same_dtype(comm, "all_gather", send, recv);
+  if (recv.numel() != send.numel() * comm.size())
+    throw std::invalid_argument(where(comm, "all_gather") + ": recv " + recv.shape_string() +
+                                " must have size() times the elements of send " +
+                                send.shape_string());
+}
+
+void check_root(const Comm& comm, int root, const char* operation) {
+  if (root < 0 || root >= comm.size())
+    throw std::invalid_argument(where(comm, operation) + ": root " + std::to_string(root) +
+                                " is not a rank of this communicator");
+}
+
+}  // namespace ulysses

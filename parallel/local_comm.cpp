@@ -1,0 +1,156 @@
+#include "parallel/local_comm.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "parallel/comm_checks.h"
+
+namespace ulysses {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// With one rank every collective completes when it is issued.
+class CompletedRequest final : public CommRequest {
+ public:
+  void wait() override {}
+};
+
+// One rank: the only peer is itself, so all-to-all and gathers are copies, reductions are
+// no-ops, and nothing is ever sent to another rank (all_to_all_bytes stays 0). reduce_bytes
+// and gather_bytes count the buffer bytes handed in, as MpiComm does.
+class LocalComm final : public Comm {
+ public:
+  LocalComm(const std::string& name, Backend* backend) : name_(name), backend_(backend) {}
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+
+  void all_to_all(const Tensor& send, const Tensor& recv) override {
+    check_all_to_all_args(*this, send, recv);
+    auto start = Clock::now();
+    copy(recv, send);
+    stats_.all_to_all_seconds += seconds_since(start);
+    stats_.calls += 1;
+  }
+
+  CommHandle all_to_all_async(const Tensor& send, const Tensor& recv) override {
+    all_to_all(send, recv);
+    return std::make_unique<CompletedRequest>();
+  }
+
+  void all_to_all_v(const Tensor& send, const int64_t* send_counts, const int64_t* send_displs,
+                    const Tensor& recv, const int64_t* recv_counts,
+                    const int64_t* recv_displs) override {
+    check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    if (send_counts[0] != recv_counts[0])
+      throw std::invalid_argument(
+          "all_to_all_v on communicator '" + name_ + "': sends " + std::to_string(send_counts[0]) +
+          " elements to itself but expects " + std::to_string(recv_counts[0]));
+    auto start = Clock::now();
+    copy(recv.flat_range(recv_displs[0], recv_counts[0]),
+         send.flat_range(send_displs[0], send_counts[0]));
+    stats_.all_to_all_seconds += seconds_since(start);
+    stats_.calls += 1;
+  }
+
+  void all_reduce(const Tensor& data, ReduceOp) override {
+    stats_.reduce_bytes += int64_t(data.bytes());
+    stats_.calls += 1;
+  }
+
+  CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
+    all_reduce(data, op);
+    return std::make_unique<CompletedRequest>();
+  }
+
+  void all_reduce_host(double*, int count, ReduceOp) override {
+    stats_.reduce_bytes += int64_t(count) * int64_t(sizeof(double));
+    stats_.calls += 1;
+  }
+
+  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp) override {
+    check_reduce_scatter_args(*this, send, recv);
+    auto start = Clock::now();
+    copy(recv, send);
+    stats_.reduce_seconds += seconds_since(start);
+    stats_.reduce_bytes += int64_t(send.bytes());
+    stats_.calls += 1;
+  }
+
+  CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) override {
+    reduce_scatter(send, recv, op);
+    return std::make_unique<CompletedRequest>();
+  }
+
+  void all_gather(const Tensor& send, const Tensor& recv) override {
+    check_all_gather_args(*this, send, recv);
+    auto start = Clock::now();
+    copy(recv, send);
+    stats_.gather_seconds += seconds_since(start);
+    stats_.gather_bytes += int64_t(send.bytes());
+    stats_.calls += 1;
+  }
+
+  CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override {
+    all_gather(send, recv);
+    return std::make_unique<CompletedRequest>();
+  }
+
+  void broadcast(const Tensor& data, int root) override {
+    check_root(*this, root, "broadcast");
+    stats_.gather_bytes += int64_t(data.bytes());
+    stats_.calls += 1;
+  }
+
+  void broadcast_host(void*, int64_t bytes, int root) override {
+    check_root(*this, root, "broadcast_host");
+    stats_.gather_bytes += bytes;
+    stats_.calls += 1;
+  }
+
+  void barrier() override { stats_.calls += 1; }
+
+  // Every group of a one-rank world is that rank alone.
+  std::unique_ptr<Comm> split(int, int, const std::string& name) override {
+    return std::make_unique<LocalComm>(name, backend_);
+  }
+
+  [[noreturn]] void abort(int exit_code) override {
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }
+
+ private:
+  void copy(const Tensor& dst, const Tensor& src) {
+    if (dst.data == src.data || src.numel() == 0) return;
+    if (backend_)
+      backend_->copy(dst, src);
+    else
+      std::memcpy(dst.data, src.data, src.bytes());
+  }
+
+  std::string name_;
+  Backend* backend_;  // null: host buffers, copied with memcpy
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_local_comm(const std::string& name) {
+  return std::make_unique<LocalComm>(name, nullptr);
+}
+
+std::unique_ptr<Comm> make_local_comm(Backend& backend, const std::string& name) {
+  return std::make_unique<LocalComm>(name, &backend);
+}
+
+}  // namespace ulysses

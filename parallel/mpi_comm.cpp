@@ -1,0 +1,486 @@
+#include "parallel/mpi_comm.h"
+
+// The C API only: the MPI C++ bindings would need a library that ulysses does not link.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "parallel/comm_checks.h"
+
+namespace ulysses {
+
+struct MpiComm::Native {
+  MPI_Comm comm = MPI_COMM_NULL;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void check_mpi(int code, const char* call, const std::string& comm_name) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw std::runtime_error(std::string(call) + " on communicator '" + comm_name +
+                           "' failed: " + std::string(text, size_t(length)));
+}
+
+MPI_Datatype mpi_type(DType dtype, const char* operation, const std::string& comm_name) {
+  switch (dtype) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::bf16:
+      break;
+  }
+  throw std::invalid_argument(std::string(operation) + " on communicator '" + comm_name +
+                              "': bf16 tensors are not supported by the MPI communicator yet "
+                              "(it moves f32 and i32 host buffers)");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+}
+
+// Address of element `index` of a tensor.
+char* element_at(const Tensor& tensor, int64_t index) {
+  return static_cast<char*>(tensor.data) + index * int64_t(dtype_size(tensor.dtype));
+}
+
+// Calls fn(offset, length) over [0, count) in pieces of at most max_count elements.
+template <typename Fn>
+void for_each_chunk(int64_t count, int64_t max_count, Fn fn) {
+  for (int64_t offset = 0; offset < count; offset += max_count)
+    fn(offset, std::min(max_count, count - offset));
+}
+
+// `length` contiguous elements with an extent of `stride` elements. As the unit of a
+// collective (count 1), block j then starts j·stride elements into the buffer, which lets one
+// call move the same piece of every rank's block when the blocks are too big for an int.
+MPI_Datatype strided_block_type(MPI_Datatype element, int64_t length, int64_t stride,
+                                size_t element_bytes, const std::string& comm_name) {
+  MPI_Datatype contiguous, strided;
+  check_mpi(MPI_Type_contiguous(int(length), element, &contiguous), "MPI_Type_contiguous",
+            comm_name);
+  check_mpi(
+      MPI_Type_create_resized(contiguous, 0, MPI_Aint(stride) * MPI_Aint(element_bytes), &strided),
+      "MPI_Type_create_resized", comm_name);
+  MPI_Type_free(&contiguous);
+  check_mpi(MPI_Type_commit(&strided), "MPI_Type_commit", comm_name);
+  return strided;
+}
+
+MPI_Comm native_with_errors_returned(MPI_Comm comm, const std::string& comm_name) {
+  // Errors become exceptions with MPI's message instead of killing the process silently.
+  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", comm_name);
+  return comm;
+}
+
+}  // namespace
+
+// The MPI requests of one non-blocking operation, and the datatypes they use.
+class MpiComm::Request final : public CommRequest {
+ public:
+  Request(const std::string& comm_name, double* seconds)
+      : comm_name_(comm_name), seconds_(seconds), start_(Clock::now()) {}
+
+  // MPI does not allow abandoning a collective, so a handle dropped without wait() waits.
+  ~Request() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  }
+
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    int code = MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    for (MPI_Datatype& type : types) MPI_Type_free(&type);
+    *seconds_ += seconds_since(start_);
+    check_mpi(code, "MPI_Waitall", comm_name_);
+  }
+
+  std::vector<MPI_Request> requests;
+  std::vector<MPI_Datatype> types;  // freed once the requests have completed
+
+ private:
+  std::string comm_name_;
+  double* seconds_;
+  Clock::time_point start_;
+  bool done_ = false;
+};
+
+// ---- MpiSession ----------------------------------------------------------------------------
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized)
+    throw std::logic_error("MPI is already initialised: create one MpiSession per process");
+  int provided = 0;
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread",
+            "world");
+  if (provided < MPI_THREAD_FUNNELED) {
+    MPI_Finalize();
+    throw std::runtime_error("this MPI library does not provide MPI_THREAD_FUNNELED");
+  }
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Comm> MpiSession::world() {
+  auto native = std::make_unique<MpiComm::Native>();
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &native->comm), "MPI_Comm_dup", "world");
+  native_with_errors_returned(native->comm, "world");
+  return std::make_unique<MpiComm>(std::move(native), "world");
+}
+
+// ---- MpiComm -------------------------------------------------------------------------------
+
+MpiComm::MpiComm(std::unique_ptr<Native> native, const std::string& name)
+    : native_(std::move(native)), name_(name), max_count_(INT_MAX) {
+  check_mpi(MPI_Comm_rank(native_->comm, &rank_), "MPI_Comm_rank", name_);
+  check_mpi(MPI_Comm_size(native_->comm, &size_), "MPI_Comm_size", name_);
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && native_->comm != MPI_COMM_NULL) MPI_Comm_free(&native_->comm);
+}
+
+void MpiComm::set_max_count_per_call(int64_t count) {
+  if (count < 1 || count > INT_MAX)
+    throw std::invalid_argument("max_count_per_call must be in [1, INT_MAX], got " +
+                                std::to_string(count));
+  max_count_ = count;
+}
+
+int MpiComm::ranks_on_this_node() const {
+  MPI_Comm node;
+  check_mpi(MPI_Comm_split_type(native_->comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type", name_);
+  int ranks = 1;
+  MPI_Comm_size(node, &ranks);
+  MPI_Comm_free(&node);
+  return ranks;
+}
+
+int ranks_on_this_node(Comm& world) {
+  auto* mpi = dynamic_cast<MpiComm*>(&world);
+  return mpi ? mpi->ranks_on_this_node() : 1;
+}
+
+// ---- all-to-all ----------------------------------------------------------------------------
+
+void MpiComm::issue_all_to_all(const Tensor& send, const Tensor& recv, Request* request) {
+  MPI_Datatype type = mpi_type(send.dtype, "all_to_all", name_);
+  MPI_Comm comm = native_->comm;
+  int64_t block = send.numel() / size_;  // elements to each rank
+  if (block <= max_count_) {
+    int count = int(block);
+    if (request)
+      check_mpi(MPI_Ialltoall(send.data, count, type, recv.data, count, type, comm,
+                              &request->requests.emplace_back()),
+                "MPI_Ialltoall", name_);
+    else
+      check_mpi(MPI_Alltoall(send.data, count, type, recv.data, count, type, comm), "MPI_Alltoall",
+                name_);
+    return;
+  }
+  for_each_chunk(block, max_count_, [&](int64_t offset, int64_t length) {
+    MPI_Datatype piece = strided_block_type(type, length, block, dtype_size(send.dtype), name_);
+    if (request) {
+      request->types.push_back(piece);
+      check_mpi(MPI_Ialltoall(element_at(send, offset), 1, piece, element_at(recv, offset), 1,
+                              piece, comm, &request->requests.emplace_back()),
+                "MPI_Ialltoall", name_);
+    } else {
+      int code = MPI_Alltoall(element_at(send, offset), 1, piece, element_at(recv, offset), 1,
+                              piece, comm);
+      MPI_Type_free(&piece);
+      check_mpi(code, "MPI_Alltoall", name_);
+    }
+  });
+}
+
+void MpiComm::all_to_all(const Tensor& send, const Tensor& recv) {
+  check_all_to_all_args(*this, send, recv);
+  auto start = Clock::now();
+  issue_all_to_all(send, recv, nullptr);
+  stats_.all_to_all_seconds += seconds_since(start);
+  stats_.all_to_all_bytes += int64_t(send.bytes()) / size_ * (size_ - 1);
+  stats_.calls += 1;
+}
+
+CommHandle MpiComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
+  check_all_to_all_args(*this, send, recv);
+  auto request = std::make_unique<Request>(name_, &stats_.all_to_all_seconds);
+  issue_all_to_all(send, recv, request.get());
+  stats_.all_to_all_bytes += int64_t(send.bytes()) / size_ * (size_ - 1);
+  stats_.calls += 1;
+  return request;
+}
+
+void MpiComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
+                           const int64_t* send_displs, const Tensor& recv,
+                           const int64_t* recv_counts, const int64_t* recv_displs) {
+  check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  if (send_counts[rank_] != recv_counts[rank_])
+    throw std::invalid_argument("all_to_all_v on communicator '" + name_ + "': rank " +
+                                std::to_string(rank_) + " sends itself " +
+                                std::to_string(send_counts[rank_]) + " elements but expects " +
+                                std::to_string(recv_counts[rank_]));
+  MPI_Datatype type = mpi_type(send.dtype, "all_to_all_v", name_);
+  MPI_Comm comm = native_->comm;
+  auto start = Clock::now();
+
+  // Point-to-point messages in pieces of at most max_count_ elements, rather than
+  // MPI_Alltoallv: its int counts and displacements could overflow, and whether they do is
+  // known only locally, while every rank must take the same path. Messages between two ranks
+  // arrive in the order they were sent, so the pieces line up.
+  constexpr int kTag = 7001;
+  std::vector<MPI_Request> requests;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    for_each_chunk(recv_counts[peer], max_count_, [&](int64_t offset, int64_t length) {
+      check_mpi(MPI_Irecv(element_at(recv, recv_displs[peer] + offset), int(length), type, peer,
+                          kTag, comm, &requests.emplace_back()),
+                "MPI_Irecv", name_);
+    });
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    for_each_chunk(send_counts[peer], max_count_, [&](int64_t offset, int64_t length) {
+      check_mpi(MPI_Isend(element_at(send, send_displs[peer] + offset), int(length), type, peer,
+                          kTag, comm, &requests.emplace_back()),
+                "MPI_Isend", name_);
+    });
+  }
+  std::memcpy(element_at(recv, recv_displs[rank_]), element_at(send, send_displs[rank_]),
+              size_t(send_counts[rank_]) * dtype_size(send.dtype));
+  check_mpi(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall",
+            name_);
+
+  stats_.all_to_all_seconds += seconds_since(start);
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) stats_.all_to_all_bytes += send_counts[r] * int64_t(dtype_size(send.dtype));
+  stats_.calls += 1;
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+void MpiComm::issue_all_reduce(const Tensor& data, ReduceOp op, Request* request) {
+  MPI_Datatype type = mpi_type(data.dtype, "all_reduce", name_);
+  for_each_chunk(data.numel(), max_count_, [&](int64_t offset, int64_t length) {
+    void* piece = element_at(data, offset);
+    if (request)
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op), native_->comm,
+                               &request->requests.emplace_back()),
+                "MPI_Iallreduce", name_);
+    else
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op), native_->comm),
+                "MPI_Allreduce", name_);
+  });
+}
+
+void MpiComm::all_reduce(const Tensor& data, ReduceOp op) {
+  auto start = Clock::now();
+  issue_all_reduce(data, op, nullptr);
+  stats_.reduce_seconds += seconds_since(start);
+  stats_.reduce_bytes += int64_t(data.bytes());
+  stats_.calls += 1;
+}
+
+CommHandle MpiComm::all_reduce_async(const Tensor& data, ReduceOp op) {
+  auto request = std::make_unique<Request>(name_, &stats_.reduce_seconds);
+  issue_all_reduce(data, op, request.get());
+  stats_.reduce_bytes += int64_t(data.bytes());
+  stats_.calls += 1;
+  return request;
+}
+
+void MpiComm::all_reduce_host(double* values, int count, ReduceOp op) {
+  auto start = Clock::now();
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mpi_op(op), native_->comm),
+            "MPI_Allreduce", name_);
+  stats_.reduce_seconds += seconds_since(start);
+  stats_.reduce_bytes += int64_t(count) * int64_t(sizeof(double));
+  stats_.calls += 1;
+}
+
+void MpiComm::issue_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op,
+                                   Request* request) {
+  MPI_Datatype type = mpi_type(send.dtype, "reduce_scatter", name_);
+  MPI_Comm comm = native_->comm;
+  int64_t block = recv.numel();
+  if (block <= max_count_) {
+    if (request)
+      check_mpi(MPI_Ireduce_scatter_block(send.data, recv.data, int(block), type, mpi_op(op), comm,
+                                          &request->requests.emplace_back()),
+                "MPI_Ireduce_scatter_block", name_);
+    else
+      check_mpi(MPI_Reduce_scatter_block(send.data, recv.data, int(block), type, mpi_op(op), comm),
+                "MPI_Reduce_scatter_block", name_);
+    return;
+  }
+  // Blocks too big for an int: reduce every rank's block onto that rank, piece by piece.
+  for (int root = 0; root < size_; ++root) {
+    for_each_chunk(block, max_count_, [&](int64_t offset, int64_t length) {
+      void* source = element_at(send, root * block + offset);
+      void* target = element_at(recv, offset);  // used on the root only
+      if (request)
+        check_mpi(MPI_Ireduce(source, target, int(length), type, mpi_op(op), root, comm,
+                              &request->requests.emplace_back()),
+                  "MPI_Ireduce", name_);
+      else
+        check_mpi(MPI_Reduce(source, target, int(length), type, mpi_op(op), root, comm),
+                  "MPI_Reduce", name_);
+    });
+  }
+}
+
+void MpiComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  check_reduce_scatter_args(*this, send, recv);
+  auto start = Clock::now();
+  issue_reduce_scatter(send, recv, op, nullptr);
+  stats_.reduce_seconds += seconds_since(start);
+  stats_.reduce_bytes += int64_t(send.bytes());
+  stats_.calls += 1;
+}
+
+CommHandle MpiComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  check_reduce_scatter_args(*this, send, recv);
+  auto request = std::make_unique<Request>(name_, &stats_.reduce_seconds);
+  issue_reduce_scatter(send, recv, op, request.get());
+  stats_.reduce_bytes += int64_t(send.bytes());
+  stats_.calls += 1;
+  return request;
+}
+
+// ---- gathers -------------------------------------------------------------------------------
+
+void MpiComm::issue_all_gather(const Tensor& send, const Tensor& recv, Request* request) {
+  MPI_Datatype type = mpi_type(send.dtype, "all_gather", name_);
+  MPI_Comm comm = native_->comm;
+  int64_t block = send.numel();
+  if (block <= max_count_) {
+    int count = int(block);
+    if (request)
+      check_mpi(MPI_Iallgather(send.data, count, type, recv.data, count, type, comm,
+                               &request->requests.emplace_back()),
+                "MPI_Iallgather", name_);
+    else
+      check_mpi(MPI_Allgather(send.data, count, type, recv.data, count, type, comm),
+                "MPI_Allgather", name_);
+    return;
+  }
+  for_each_chunk(block, max_count_, [&](int64_t offset, int64_t length) {
+    MPI_Datatype piece = strided_block_type(type, length, block, dtype_size(send.dtype), name_);
+    if (request) {
+      request->types.push_back(piece);
+      check_mpi(
+          MPI_Iallgather(element_at(send, offset), int(length), type, element_at(recv, offset), 1,
+                         piece, comm, &request->requests.emplace_back()),
+          "MPI_Iallgather", name_);
+    } else {
+      int code = MPI_Allgather(element_at(send, offset), int(length), type,
+                               element_at(recv, offset), 1, piece, comm);
+      MPI_Type_free(&piece);
+      check_mpi(code, "MPI_Allgather", name_);
+    }
+  });
+}
+
+void MpiComm::all_gather(const Tensor& send, const Tensor& recv) {
+  check_all_gather_args(*this, send, recv);
+  auto start = Clock::now();
+  issue_all_gather(send, recv, nullptr);
+  stats_.gather_seconds += seconds_since(start);
+  stats_.gather_bytes += int64_t(send.bytes());
+  stats_.calls += 1;
+}
+
+CommHandle MpiComm::all_gather_async(const Tensor& send, const Tensor& recv) {
+  check_all_gather_args(*this, send, recv);
+  auto request = std::make_unique<Request>(name_, &stats_.gather_seconds);
+  issue_all_gather(send, recv, request.get());
+  stats_.gather_bytes += int64_t(send.bytes());
+  stats_.calls += 1;
+  return request;
+}
+
+void MpiComm::broadcast(const Tensor& data, int root) {
+  check_root(*this, root, "broadcast");
+  MPI_Datatype type = mpi_type(data.dtype, "broadcast", name_);
+  auto start = Clock::now();
+  for_each_chunk(data.numel(), max_count_, [&](int64_t offset, int64_t length) {
+    check_mpi(MPI_Bcast(element_at(data, offset), int(length), type, root, native_->comm),
+              "MPI_Bcast", name_);
+  });
+  stats_.gather_seconds += seconds_since(start);
+  stats_.gather_bytes += int64_t(data.bytes());
+  stats_.calls += 1;
+}
+
+void MpiComm::broadcast_host(void* data, int64_t bytes, int root) {
+  check_root(*this, root, "broadcast_host");
+  auto start = Clock::now();
+  for_each_chunk(bytes, max_count_, [&](int64_t offset, int64_t length) {
+    check_mpi(
+        MPI_Bcast(static_cast<char*>(data) + offset, int(length), MPI_BYTE, root, native_->comm),
+        "MPI_Bcast", name_);
+  });
+  stats_.gather_seconds += seconds_since(start);
+  stats_.gather_bytes += bytes;
+  stats_.calls += 1;
+}
+
+void MpiComm::barrier() {
+  check_mpi(MPI_Barrier(native_->comm), "MPI_Barrier", name_);
+  stats_.calls += 1;
+}
+
+// ---- groups and failure --------------------------------------------------------------------
+
+std::unique_ptr<Comm> MpiComm::split(int color, int key, const std::string& name) {
+  if (color < 0)
+    throw std::invalid_argument("split of communicator '" + name_ + "' into '" + name +
+                                "': color must be >= 0, got " + std::to_string(color));
+  auto native = std::make_unique<Native>();
+  check_mpi(MPI_Comm_split(native_->comm, color, key, &native->comm), "MPI_Comm_split", name_);
+  native_with_errors_returned(native->comm, name);
+  auto comm = std::make_unique<MpiComm>(std::move(native), name);
+  comm->set_max_count_per_call(max_count_);
+  return comm;
+}
+
+void MpiComm::abort(int exit_code) {
+  std::fflush(nullptr);  // what this rank printed about the failure must not be lost
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::abort();
+}
+
+}  // namespace ulysses

@@ -1,0 +1,213 @@
+#include "parallel/ulysses_attention.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace ulysses {
+
+namespace {
+
+char* bytes_at(const Tensor& tensor, int64_t byte_offset) {
+  return static_cast<char*>(tensor.data) + byte_offset;
+}
+
+}  // namespace
+
+UlyssesAttention::UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads, int n_kv_heads,
+                                   int head_dim)
+    : backend_(backend),
+      comm_(sp_comm),
+      n_heads_(n_heads),
+      n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim) {
+  const int P = comm_.size();
+  const std::string numbers = "(heads " + std::to_string(n_heads) + ", kv heads " +
+                              std::to_string(n_kv_heads) + ", sp " + std::to_string(P) + ")";
+  if (n_heads < 1 || n_kv_heads < 1 || head_dim < 1)
+    throw std::invalid_argument("Ulysses attention needs positive head counts and head_dim " +
+                                numbers);
+  if (n_heads % n_kv_heads != 0)
+    throw std::invalid_argument("Ulysses attention: kv heads must divide heads " + numbers);
+  if (n_heads % P != 0)
+    throw std::invalid_argument("Ulysses attention: sp must divide the number of heads " + numbers);
+  heads_per_rank_ = n_heads / P;
+  if (n_kv_heads % P == 0) {
+    kv_heads_per_rank_ = n_kv_heads / P;
+    kv_replicated_ = false;
+  } else if (P % n_kv_heads == 0) {
+    kv_heads_per_rank_ = 1;
+    kv_replicated_ = true;
+  } else {
+    throw std::invalid_argument(
+        "Ulysses attention: kv heads must be divisible by sp (split) or divide sp "
+        "(replicated) " +
+        numbers);
+  }
+}
+
+int UlyssesAttention::first_head(int p, bool kv) const {
+  if (!kv) return p * heads_per_rank_;
+  if (!kv_replicated_) return p * kv_heads_per_rank_;
+  // The kv head that rank p's q heads read (they all read the same one: H/P divides H/Hkv).
+  return (p * heads_per_rank_) / (n_heads_ / n_kv_heads_);
+}
+
+void UlyssesAttention::check_local(const Tensor& x, int heads, const char* what) const {
+  if (x.ndim != 4 || x.dim(2) != heads || x.dim(3) != head_dim_)
+    throw std::invalid_argument(std::string("Ulysses attention: ") + what + " is " +
+                                x.shape_string() + ", expected [B, T, " + std::to_string(heads) +
+                                ", " + std::to_string(head_dim_) + "]");
+}
+
+// x[B, Tl, Hx, d] → full[B, N, h, d], N = P·Tl, h heads per rank.
+//   pack:   send[p][b, t, :] = x[b, t, first_head(p) : first_head(p) + h, :]
+//   a2a:    recv[i] = rank i's send[me]
+//   unpack: full[b, i·Tl + t, :] = recv[i][b, t, :]
+void UlyssesAttention::tokens_to_heads(const Tensor& x, bool kv, const Tensor& full) {
+  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), N = P * Tl, heads = x.dim(2);
+  const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
+  const int64_t element = int64_t(dtype_size(x.dtype));
+  const int64_t head_bytes = head_dim_ * element;
+  const int64_t block_bytes = B * Tl * h * head_bytes;  // one rank's share of the send buffer
+
+  Buffer send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                               "ulysses all-to-all send");
+  for (int p = 0; p < P; ++p)
+    backend_.copy_2d(bytes_at(send, p * block_bytes), h * head_bytes,
+                     bytes_at(x, first_head(p, kv) * head_bytes), heads * head_bytes,
+                     h * head_bytes, B * Tl);
+  Buffer recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                               "ulysses all-to-all recv");
+  comm_.all_to_all(send, recv);
+  send.reset();
+  for (int i = 0; i < P; ++i)
+    backend_.copy_2d(bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
+                     bytes_at(recv, i * block_bytes), Tl * h * head_bytes, Tl * h * head_bytes, B);
+}
+
+// full[B, N, h, d] → x[B, Tl, Hx, d], the inverse of tokens_to_heads:
+//   pack:   send[i][b, t, :] = full[b, i·Tl + t, :]
+//   a2a:    recv[p] = rank p's send[me]
+//   unpack: x[b, t, first_head(p) : first_head(p) + h, :] = recv[p][b, t, :]
+// With replicated kv heads, ranks p ∈ [g·r, (g+1)·r), r = P/Hkv, all return a gradient for kv
+// head g: their blocks are summed into it (the sum a single rank forms over those q heads).
+void UlyssesAttention::heads_to_tokens(const Tensor& full, bool kv, const Tensor& x) {
+  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), N = P * Tl, heads = x.dim(2);
+  const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
+  const int64_t element = int64_t(dtype_size(x.dtype));
+  const int64_t head_bytes = head_dim_ * element;
+  const int64_t block_bytes = B * Tl * h * head_bytes;
+
+  Buffer send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                               "ulysses all-to-all send");
+  for (int i = 0; i < P; ++i)
+    backend_.copy_2d(bytes_at(send, i * block_bytes), Tl * h * head_bytes,
+                     bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
+                     Tl * h * head_bytes, B);
+  Buffer recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                               "ulysses all-to-all recv");
+  comm_.all_to_all(send, recv);
+  send.reset();
+
+  const Tensor& blocks = recv.tensor();  // [P, B, Tl, h·d]
+  const bool sum_replicas = kv && kv_replicated_;
+  const int ranks_per_head = sum_replicas ? int(P / n_kv_heads_) : 1;
+  for (int p = 0; p < P; p += ranks_per_head) {
+    Tensor block = blocks.slice_rows(p, p + 1);
+    for (int j = 1; j < ranks_per_head; ++j)
+      backend_.axpy(block, blocks.slice_rows(p + j, p + j + 1), 1.0f);
+    backend_.copy_2d(bytes_at(x, first_head(p, kv) * head_bytes), heads * head_bytes, block.data,
+                     h * head_bytes, h * head_bytes, B * Tl);
+  }
+}
+
+void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               AttentionState& state) {
+  check_local(q, n_heads_, "q");
+  check_local(k, n_kv_heads_, "k");
+  check_local(v, n_kv_heads_, "v");
+  check_local(out, n_heads_, "out");
+  const int64_t B = q.dim(0), Tl = q.dim(1);
+  for (const Tensor* x : {&k, &v, &out})
+    if (x->dim(0) != B || x->dim(1) != Tl || x->dtype != q.dtype)
+      throw std::invalid_argument("Ulysses attention: q " + q.shape_string() + ", k " +
+                                  k.shape_string() + ", v " + v.shape_string() + " and out " +
+                                  out.shape_string() + " disagree on B, T or dtype");
+  state = AttentionState();
+
+  if (comm_.size() == 1) {
+    state.lse =
+        backend_.alloc(MemCategory::attention, DType::f32, {B, n_heads_, Tl}, "attention lse");
+    backend_.attention_forward(out, state.lse, q, k, v);
+    state.q = q;
+    state.k = k;
+    state.v = v;
+    state.out = out;
+    return;
+  }
+
+  const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
+  state.q_owned = backend_.alloc(MemCategory::attention, q.dtype, {B, N, h, head_dim_},
+                                 "ulysses q (all tokens, heads of this rank)");
+  tokens_to_heads(q, false, state.q_owned);
+  state.k_owned = backend_.alloc(MemCategory::attention, k.dtype, {B, N, hk, head_dim_},
+                                 "ulysses k (all tokens, kv heads of this rank)");
+  tokens_to_heads(k, true, state.k_owned);
+  state.v_owned = backend_.alloc(MemCategory::attention, v.dtype, {B, N, hk, head_dim_},
+                                 "ulysses v (all tokens, kv heads of this rank)");
+  tokens_to_heads(v, true, state.v_owned);
+
+  state.out_owned = backend_.alloc(MemCategory::attention, q.dtype, {B, N, h, head_dim_},
+                                   "ulysses out (all tokens, heads of this rank)");
+  state.lse = backend_.alloc(MemCategory::attention, DType::f32, {B, h, N}, "attention lse");
+  backend_.attention_forward(state.out_owned, state.lse, state.q_owned, state.k_owned,
+                             state.v_owned);
+  heads_to_tokens(state.out_owned, false, out);
+
+  state.q = state.q_owned;
+  state.k = state.k_owned;
+  state.v = state.v_owned;
+  state.out = state.out_owned;
+}
+
+void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state, const Tensor& dq,
+                                const Tensor& dk, const Tensor& dv) {
+  if (state.q.empty() || state.lse.empty())
+    throw std::logic_error("Ulysses attention: backward without a forward state");
+  check_local(dout, n_heads_, "dout");
+  check_local(dq, n_heads_, "dq");
+  check_local(dk, n_kv_heads_, "dk");
+  check_local(dv, n_kv_heads_, "dv");
+  const int64_t B = dout.dim(0), Tl = dout.dim(1);
+  for (const Tensor* x : {&dq, &dk, &dv})
+    if (x->dim(0) != B || x->dim(1) != Tl)
+      throw std::invalid_argument("Ulysses attention: dout " + dout.shape_string() + ", dq " +
+                                  dq.shape_string() + ", dk " + dk.shape_string() + " and dv " +
+                                  dv.shape_string() + " disagree on B or T");
+
+  if (comm_.size() == 1) {
+    backend_.attention_backward(dq, dk, dv, dout, state.q, state.k, state.v, state.out, state.lse);
+    return;
+  }
+
+  const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
+  Buffer dout_full = backend_.alloc(MemCategory::attention, dout.dtype, {B, N, h, head_dim_},
+                                    "ulysses dout (all tokens, heads of this rank)");
+  tokens_to_heads(dout, false, dout_full);
+  Buffer dq_full = backend_.alloc(MemCategory::attention, dq.dtype, {B, N, h, head_dim_},
+                                  "ulysses dq (all tokens, heads of this rank)");
+  Buffer dk_full = backend_.alloc(MemCategory::attention, dk.dtype, {B, N, hk, head_dim_},
+                                  "ulysses dk (all tokens, kv heads of this rank)");
+  Buffer dv_full = backend_.alloc(MemCategory::attention, dv.dtype, {B, N, hk, head_dim_},
+                                  "ulysses dv (all tokens, kv heads of this rank)");
+  backend_.attention_backward(dq_full, dk_full, dv_full, dout_full, state.q, state.k, state.v,
+                              state.out, state.lse);
+  dout_full.reset();
+  heads_to_tokens(dq_full, false, dq);
+  dq_full.reset();
+  heads_to_tokens(dk_full, true, dk);
+  dk_full.reset();
+  heads_to_tokens(dv_full, true, dv);
+}
+
+}  // namespace ulysses

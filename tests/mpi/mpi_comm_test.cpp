@@ -1,0 +1,351 @@
+// MpiComm under mpiexec: every collective (blocking and non-blocking) moves the right data,
+// counts the right bytes, and still works when blocks are split into several MPI calls; the
+// dp × sp mesh forms the documented groups.
+#include "parallel/mpi_comm.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/mesh.h"
+#include "tests/mpi/mpi_testing.h"
+
+namespace ulysses {
+namespace {
+
+using testing::MpiTest;
+
+// Each test runs on a fresh communicator over all ranks (fresh stats), once with MPI calls as
+// large as MPI allows and once with at most 3 elements (or bytes) per call, so that the
+// splitting of big transfers is exercised on small buffers.
+class Collectives : public MpiTest, public ::testing::WithParamInterface<int64_t> {
+ protected:
+  void SetUp() override {
+    owned_ = world().split(0, world().rank(), "test");
+    comm_ = dynamic_cast<MpiComm*>(owned_.get());
+    ASSERT_NE(comm_, nullptr);
+    comm_->set_max_count_per_call(GetParam());
+    rank_ = comm_->rank();
+    size_ = comm_->size();
+  }
+
+  MpiComm& comm() { return *comm_; }
+
+  std::unique_ptr<Comm> owned_;
+  MpiComm* comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// A value that names who sent it, to whom, and which element it is.
+float tagged(int from, int to, int64_t element) {
+  return float(1000 * from + 100 * to + element);
+}
+
+TEST_P(Collectives, AllToAllSendsBlockJToRankJ) {
+  const int64_t block = 5;
+  std::vector<float> send(size_t(block * size_)), recv(send.size(), -1.0f);
+  for (int to = 0; to < size_; ++to)
+    for (int64_t e = 0; e < block; ++e) send[size_t(to * block + e)] = tagged(rank_, to, e);
+  comm().all_to_all(Tensor(send.data(), DType::f32, {size_, block}),
+                    Tensor(recv.data(), DType::f32, {size_, block}));
+  for (int from = 0; from < size_; ++from)
+    for (int64_t e = 0; e < block; ++e)
+      EXPECT_EQ(recv[size_t(from * block + e)], tagged(from, rank_, e));
+  EXPECT_EQ(comm().stats().all_to_all_bytes, (size_ - 1) * block * 4);
+  EXPECT_GT(comm().stats().all_to_all_seconds, 0.0);
+  EXPECT_EQ(comm().stats().calls, 1);
+}
+
+TEST_P(Collectives, AllToAllAsyncOnIntegers) {
+  const int64_t block = 4;
+  std::vector<int32_t> send(size_t(block * size_)), recv(send.size(), -1);
+  for (int to = 0; to < size_; ++to)
+    for (int64_t e = 0; e < block; ++e)
+      send[size_t(to * block + e)] = int32_t(tagged(rank_, to, e)) - 50000;
+  CommHandle handle = comm().all_to_all_async(Tensor(send.data(), DType::i32, {size_ * block}),
+                                              Tensor(recv.data(), DType::i32, {size_ * block}));
+  EXPECT_EQ(comm().stats().all_to_all_bytes, (size_ - 1) * block * 4);
+  handle->wait();
+  handle->wait();  // a second wait is harmless
+  for (int from = 0; from < size_; ++from)
+    for (int64_t e = 0; e < block; ++e)
+      EXPECT_EQ(recv[size_t(from * block + e)], int32_t(tagged(from, rank_, e)) - 50000);
+  EXPECT_GT(comm().stats().all_to_all_seconds, 0.0);
+  EXPECT_EQ(comm().stats().calls, 1);
+}
+
+TEST_P(Collectives, AllToAllVWithUnevenCountsAndGaps) {
+  // Rank r sends r + j + 1 elements to rank j. Both buffers leave one unused element before
+  // every block so that displacements matter.
+  auto count = [](int from, int to) { return int64_t(from + to + 1); };
+  std::vector<int64_t> send_counts(size_), send_displs(size_), recv_counts(size_),
+      recv_displs(size_);
+  int64_t send_total = 0, recv_total = 0;
+  for (int r = 0; r < size_; ++r) {
+    send_counts[r] = count(rank_, r);
+    send_displs[r] = send_total + 1;
+    send_total += send_counts[r] + 1;
+    recv_counts[r] = count(r, rank_);
+    recv_displs[r] = recv_total + 1;
+    recv_total += recv_counts[r] + 1;
+  }
+  std::vector<float> send(size_t(send_total), -7.0f), recv(size_t(recv_total), -1.0f);
+  for (int to = 0; to < size_; ++to)
+    for (int64_t e = 0; e < send_counts[to]; ++e)
+      send[size_t(send_displs[to] + e)] = tagged(rank_, to, e);
+  comm().all_to_all_v(Tensor(send.data(), DType::f32, {send_total}), send_counts.data(),
+                      send_displs.data(), Tensor(recv.data(), DType::f32, {recv_total}),
+                      recv_counts.data(), recv_displs.data());
+  int64_t bytes_to_others = 0;
+  for (int from = 0; from < size_; ++from) {
+    EXPECT_EQ(recv[size_t(recv_displs[from] - 1)], -1.0f) << "gap before block " << from;
+    for (int64_t e = 0; e < recv_counts[from]; ++e)
+      EXPECT_EQ(recv[size_t(recv_displs[from] + e)], tagged(from, rank_, e));
+    if (from != rank_) bytes_to_others += send_counts[from] * 4;
+  }
+  EXPECT_EQ(comm().stats().all_to_all_bytes, bytes_to_others);
+  EXPECT_EQ(comm().stats().calls, 1);
+}
+
+// A per-rank value whose sum and max over ranks differ from any single rank's.
+float contribution(int rank, int64_t element) {
+  return float((rank * 7 + element * 3) % 11) - 4.5f;
+}
+
+TEST_P(Collectives, AllReduceSumAndMax) {
+  const int64_t n = 7;
+  std::vector<float> sum(n), max(n);
+  std::vector<int32_t> sum_i(n);
+  for (int64_t e = 0; e < n; ++e) {
+    sum[e] = max[e] = contribution(rank_, e);
+    sum_i[e] = int32_t(2 * contribution(rank_, e));
+  }
+  comm().all_reduce(Tensor(sum.data(), DType::f32, {n}), ReduceOp::sum);
+  comm().all_reduce(Tensor(max.data(), DType::f32, {n}), ReduceOp::max);
+  comm().all_reduce_async(Tensor(sum_i.data(), DType::i32, {n}), ReduceOp::sum)->wait();
+  for (int64_t e = 0; e < n; ++e) {
+    float expected_sum = 0.0f, expected_max = -1e30f;
+    int32_t expected_sum_i = 0;
+    for (int r = 0; r < size_; ++r) {
+      expected_sum += contribution(r, e);
+      expected_max = std::max(expected_max, contribution(r, e));
+      expected_sum_i += int32_t(2 * contribution(r, e));
+    }
+    EXPECT_FLOAT_EQ(sum[e], expected_sum) << e;
+    EXPECT_EQ(max[e], expected_max) << e;
+    EXPECT_EQ(sum_i[e], expected_sum_i) << e;
+  }
+  EXPECT_EQ(comm().stats().reduce_bytes, 3 * n * 4);
+  EXPECT_GT(comm().stats().reduce_seconds, 0.0);
+  EXPECT_EQ(comm().stats().calls, 3);
+}
+
+TEST_P(Collectives, AllReduceHostDoubles) {
+  double values[2] = {double(rank_) + 0.25, double(-rank_)};
+  comm().all_reduce_host(values, 2, ReduceOp::sum);
+  EXPECT_DOUBLE_EQ(values[0], size_ * (size_ - 1) / 2.0 + 0.25 * size_);
+  EXPECT_DOUBLE_EQ(values[1], -size_ * (size_ - 1) / 2.0);
+  double largest = double(rank_);
+  comm().all_reduce_host(&largest, 1, ReduceOp::max);
+  EXPECT_EQ(largest, double(size_ - 1));
+  EXPECT_EQ(comm().stats().reduce_bytes, 3 * 8);
+}
+
+TEST_P(Collectives, ReduceScatterGivesRankRItsReducedBlock) {
+  const int64_t block = 5;
+  std::vector<float> send(size_t(block * size_));
+  for (int64_t i = 0; i < block * size_; ++i) send[size_t(i)] = contribution(rank_, i);
+  std::vector<float> sum(block, -1.0f), max(block, -1.0f);
+  comm().reduce_scatter(Tensor(send.data(), DType::f32, {block * size_}),
+                        Tensor(sum.data(), DType::f32, {block}), ReduceOp::sum);
+  comm()
+      .reduce_scatter_async(Tensor(send.data(), DType::f32, {block * size_}),
+                            Tensor(max.data(), DType::f32, {block}), ReduceOp::max)
+      ->wait();
+  for (int64_t e = 0; e < block; ++e) {
+    float expected_sum = 0.0f, expected_max = -1e30f;
+    for (int r = 0; r < size_; ++r) {
+      expected_sum += contribution(r, rank_ * block + e);
+      expected_max = std::max(expected_max, contribution(r, rank_ * block + e));
+    }
+    EXPECT_FLOAT_EQ(sum[e], expected_sum) << e;
+    EXPECT_EQ(max[e], expected_max) << e;
+  }
+  EXPECT_EQ(comm().stats().reduce_bytes, 2 * size_ * block * 4);
+  EXPECT_EQ(comm().stats().calls, 2);
+}
+
+TEST_P(Collectives, AllGatherPutsRankRAtBlockR) {
+  const int64_t block = 7;
+  std::vector<float> send(block);
+  for (int64_t e = 0; e < block; ++e) send[e] = tagged(rank_, 0, e);
+  std::vector<float> recv(size_t(block * size_), -1.0f), recv_async(recv.size(), -1.0f);
+  comm().all_gather(Tensor(send.data(), DType::f32, {block}),
+                    Tensor(recv.data(), DType::f32, {size_, block}));
+  CommHandle handle =
+      comm().all_gather_async(Tensor(send.data(), DType::f32, {block}),
+                              Tensor(recv_async.data(), DType::f32, {size_, block}));
+  handle->wait();
+  for (int from = 0; from < size_; ++from)
+    for (int64_t e = 0; e < block; ++e) {
+      EXPECT_EQ(recv[size_t(from * block + e)], tagged(from, 0, e));
+      EXPECT_EQ(recv_async[size_t(from * block + e)], tagged(from, 0, e));
+    }
+  EXPECT_EQ(comm().stats().gather_bytes, 2 * block * 4);
+  EXPECT_GT(comm().stats().gather_seconds, 0.0);
+}
+
+TEST_P(Collectives, BroadcastFromTheLastRank) {
+  const int root = size_ - 1;
+  std::vector<int32_t> data(5);
+  for (int e = 0; e < 5; ++e) data[e] = rank_ == root ? 10 * e + 1 : -1;
+  comm().broadcast(Tensor(data.data(), DType::i32, {5}), root);
+  for (int e = 0; e < 5; ++e) EXPECT_EQ(data[e], 10 * e + 1);
+
+  std::string text = rank_ == root ? "from the root" : "-------------";
+  comm().broadcast_host(text.data(), int64_t(text.size()), root);
+  EXPECT_EQ(text, "from the root");
+  EXPECT_EQ(comm().stats().gather_bytes, 5 * 4 + 13);
+  EXPECT_EQ(comm().stats().calls, 2);
+}
+
+TEST_P(Collectives, ManyOperationsInFlightAtOnce) {
+  const int64_t block = 6;
+  std::vector<float> send(size_t(block * size_)), recv(send.size());
+  for (int to = 0; to < size_; ++to)
+    for (int64_t e = 0; e < block; ++e) send[size_t(to * block + e)] = tagged(rank_, to, e);
+  std::vector<float> reduced(4, float(rank_ + 1));
+  std::vector<float> gathered(size_, -1.0f), mine(1, float(rank_));
+
+  CommHandle exchange = comm().all_to_all_async(Tensor(send.data(), DType::f32, {block * size_}),
+                                                Tensor(recv.data(), DType::f32, {block * size_}));
+  CommHandle reduce =
+      comm().all_reduce_async(Tensor(reduced.data(), DType::f32, {4}), ReduceOp::sum);
+  CommHandle gather = comm().all_gather_async(Tensor(mine.data(), DType::f32, {1}),
+                                              Tensor(gathered.data(), DType::f32, {size_}));
+  gather->wait();
+  reduce->wait();
+  exchange->wait();
+
+  for (int from = 0; from < size_; ++from) {
+    EXPECT_EQ(gathered[from], float(from));
+    for (int64_t e = 0; e < block; ++e)
+      EXPECT_EQ(recv[size_t(from * block + e)], tagged(from, rank_, e));
+  }
+  for (float value : reduced) EXPECT_EQ(value, float(size_ * (size_ + 1) / 2));
+  EXPECT_EQ(comm().stats().calls, 3);
+}
+
+TEST_P(Collectives, HandleDroppedWithoutWaitStillCompletes) {
+  std::vector<float> data(3, 1.0f);
+  comm().all_reduce_async(Tensor(data.data(), DType::f32, {3}), ReduceOp::sum);
+  for (float value : data) EXPECT_EQ(value, float(size_));
+}
+
+TEST_P(Collectives, BarrierCountsACall) {
+  comm().barrier();
+  EXPECT_EQ(comm().stats().calls, 1);
+  EXPECT_EQ(
+      comm().stats().all_to_all_bytes + comm().stats().reduce_bytes + comm().stats().gather_bytes,
+      0);
+}
+
+INSTANTIATE_TEST_SUITE_P(CallSizes, Collectives, ::testing::Values(int64_t(INT_MAX), int64_t(3)),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return info.param == INT_MAX ? std::string("Whole")
+                                                        : std::string("SplitIntoPiecesOf3");
+                         });
+
+TEST_F(MpiTest, MisuseIsRejectedBeforeAnyCollective) {
+  std::vector<float> floats(8);
+  std::vector<uint16_t> halves(8);
+  Tensor f32(floats.data(), DType::f32, {8});
+  Tensor bf16(halves.data(), DType::bf16, {8});
+  try {
+    world().all_reduce(bf16, ReduceOp::sum);
+    ADD_FAILURE() << "bf16 all-reduce was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("bf16"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(world().all_to_all(bf16, bf16), std::invalid_argument);
+  EXPECT_THROW(world().all_to_all(f32, Tensor(floats.data(), DType::f32, {4})),
+               std::invalid_argument);
+  const int64_t not_divisible = world().size() + 1;  // at most 8 for up to 7 ranks
+  EXPECT_THROW(world().all_to_all(Tensor(floats.data(), DType::f32, {not_divisible}),
+                                  Tensor(floats.data(), DType::f32, {not_divisible})),
+               std::invalid_argument);
+  EXPECT_THROW(world().reduce_scatter(f32, f32, ReduceOp::sum), std::invalid_argument);
+  EXPECT_THROW(world().all_gather(f32, f32), std::invalid_argument);
+  EXPECT_THROW(world().broadcast(f32, world().size()), std::invalid_argument);
+  EXPECT_THROW(world().split(-1, 0, "bad"), std::invalid_argument);
+  EXPECT_THROW(dynamic_cast<MpiComm&>(world()).set_max_count_per_call(0), std::invalid_argument);
+}
+
+TEST_F(MpiTest, AllRanksShareThisNode) {
+  EXPECT_EQ(ranks_on_this_node(world()), world().size());
+}
+
+// Gathers the world ranks of a group's members, in group rank order.
+std::vector<int> members(Comm& group, int world_rank) {
+  std::vector<int32_t> mine = {world_rank};
+  std::vector<int32_t> all(size_t(group.size()));
+  group.all_gather(Tensor(mine.data(), DType::i32, {1}),
+                   Tensor(all.data(), DType::i32, {group.size()}));
+  return std::vector<int>(all.begin(), all.end());
+}
+
+TEST_F(MpiTest, MeshGroupsForEverySpThatDividesTheWorld) {
+  const int rank = world().rank(), ranks = world().size();
+  for (int sp = 1; sp <= ranks; ++sp) {
+    if (ranks % sp != 0) {
+      EXPECT_THROW(make_mesh(world(), sp), std::invalid_argument) << "sp " << sp;
+      continue;
+    }
+    Mesh mesh = make_mesh(world(), sp);
+    EXPECT_EQ(mesh.world, &world());
+    EXPECT_EQ(mesh.sp_size, sp);
+    EXPECT_EQ(mesh.dp_size, ranks / sp);
+    EXPECT_EQ(mesh.sp_rank, rank % sp);
+    EXPECT_EQ(mesh.dp_rank, rank / sp);
+    EXPECT_EQ(mesh.sp->size(), sp);
+    EXPECT_EQ(mesh.dp->size(), ranks / sp);
+    EXPECT_EQ(mesh.sp->rank(), mesh.sp_rank);
+    EXPECT_EQ(mesh.dp->rank(), mesh.dp_rank);
+    EXPECT_EQ(mesh.sp->name(), "sp");
+    EXPECT_EQ(mesh.dp->name(), "dp");
+
+    std::vector<int> expected_sp, expected_dp;
+    for (int i = 0; i < sp; ++i) expected_sp.push_back(mesh.dp_rank * sp + i);
+    for (int i = 0; i < ranks / sp; ++i) expected_dp.push_back(i * sp + mesh.sp_rank);
+    EXPECT_EQ(members(*mesh.sp, rank), expected_sp) << "sp " << sp;
+    EXPECT_EQ(members(*mesh.dp, rank), expected_dp) << "sp " << sp;
+  }
+}
+
+TEST_F(MpiTest, TwoByTwoMeshOnFourRanks) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  Mesh mesh = make_mesh(world(), 2);
+  const int rank = world().rank();
+  // SP groups {0, 1} and {2, 3}; dp groups {0, 2} and {1, 3}.
+  const std::vector<std::vector<int>> sp_groups = {{0, 1}, {0, 1}, {2, 3}, {2, 3}};
+  const std::vector<std::vector<int>> dp_groups = {{0, 2}, {1, 3}, {0, 2}, {1, 3}};
+  EXPECT_EQ(members(*mesh.sp, rank), sp_groups[rank]);
+  EXPECT_EQ(members(*mesh.dp, rank), dp_groups[rank]);
+
+  // Collectives in a group stay in the group: a sum over sp adds the two partners only.
+  double value = rank;
+  mesh.sp->all_reduce_host(&value, 1, ReduceOp::sum);
+  EXPECT_EQ(value, rank < 2 ? 1.0 : 5.0);
+  double dp_value = rank;
+  mesh.dp->all_reduce_host(&dp_value, 1, ReduceOp::sum);
+  EXPECT_EQ(dp_value, rank % 2 == 0 ? 2.0 : 4.0);
+  EXPECT_EQ(mesh.sp->stats().reduce_bytes, 8);
+  EXPECT_EQ(mesh.dp->stats().reduce_bytes, 8);
+}
+
+}  // namespace
+}  // namespace ulysses

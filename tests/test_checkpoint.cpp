@@ -1,0 +1,253 @@
+// Checkpoints as a user meets them: bit-exact resume, refusal of bad checkpoints,
+// pruning, SIGKILL at any moment, SIGTERM preemption.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint.h"
+#include "tests/testing.h"
+
+namespace ulysses {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_command;
+using testing::TempDir;
+
+const std::string kTrain = ULYSSES_TRAIN_BIN;
+
+std::vector<double> metric_losses(const std::string& path) {
+  std::vector<double> losses;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    auto json = nlohmann::json::parse(line);
+    if (json.contains("loss")) losses.push_back(json["loss"].get<double>());
+  }
+  return losses;
+}
+
+// Writes an llm.c token shard (uint16 tokens).
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  int32_t header[256] = {};
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = int32_t(tokens.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+}
+
+std::string config_yaml(const std::string& family, const std::string& data_yaml,
+                        const std::string& checkpoint_dir, const std::string& metrics,
+                        int steps = 6) {
+  std::string vocab = data_yaml.find("tokens") != std::string::npos ? ", vocab_size: 300" : "";
+  return "model: {family: " + family + ", n_layers: 2, d_model: 32, n_heads: 4, d_ff: 64" +
+         vocab + "}\n" + "train: {steps: " + std::to_string(steps) +
+         ", batch_size: 2, seq_len: 32, lr: 3.0e-3, warmup_steps: 2, seed: 5, "
+         "checkpoint: {dir: " + checkpoint_dir + ", every: 1}}\n" + data_yaml +
+         "log: {metrics_file: " + metrics + "}\n";
+}
+
+class ResumeTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
+  const auto& [family, source] = GetParam();
+  TempDir dir;
+  std::string data_yaml;
+  if (source == "synthetic") {
+    data_yaml = "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  } else if (source == "text") {
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
+    testing::write_text_file(dir.file("corpus.txt"), text);
+    data_yaml = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
+  } else {
+    std::vector<uint16_t> tokens;
+    for (int i = 0; i < 6000; ++i) tokens.push_back(uint16_t((i * 37 + i / 7) % 300));
+    write_token_shard(dir.file("shard_000.bin"), tokens);
+    data_yaml = "data: {source: tokens, path: '" + dir.file("shard_*.bin") + "'}\n";
+  }
+  testing::write_text_file(dir.file("a.yaml"), config_yaml(family, data_yaml, dir.file("ckpt_a"),
+                                                           dir.file("a.jsonl")));
+  testing::write_text_file(dir.file("b.yaml"), config_yaml(family, data_yaml, dir.file("ckpt_b"),
+                                                           dir.file("b.jsonl")));
+  auto a = run_command(kTrain + " --config " + dir.file("a.yaml"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_command(kTrain + " --config " + dir.file("b.yaml") + " --resume " +
+                       dir.file("ckpt_a/step_00000003"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  std::vector<double> full = metric_losses(dir.file("a.jsonl"));
+  std::vector<double> resumed = metric_losses(dir.file("b.jsonl"));
+  ASSERT_EQ(full.size(), 6u);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[i + 3]) << "step " << i + 4;
+}
+
+INSTANTIATE_TEST_SUITE_P(FamiliesAndSources, ResumeTest,
+                         ::testing::Combine(::testing::Values("llama", "gpt2"),
+                                            ::testing::Values("synthetic", "text", "tokens")));
+
+class CheckpointFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+    testing::write_text_file(
+        dir_.file("c.yaml"), config_yaml("llama", data_, dir_.file("ckpt"), dir_.file("m.jsonl")));
+    auto run = run_command(kTrain + " --config " + dir_.file("c.yaml"));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  std::string step(int n) const { return dir_.file("ckpt/" + checkpoint_folder_name(n)); }
+  testing::CommandResult resume(const std::string& what, const std::string& extra = "") {
+    return run_command(kTrain + " --config " + dir_.file("c.yaml") + " --resume " + what + extra);
+  }
+  TempDir dir_;
+  std::string data_;
+};
+
+TEST_F(CheckpointFixture, LayoutManifestAndLatestPointer) {
+  for (const char* file : {"model.safetensors", "optimizer-00000-of-00001.safetensors",
+                           "trainer_state.json", "manifest.json"})
+    EXPECT_TRUE(fs::exists(step(6) + "/" + file)) << file;
+  EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000006\n");
+  EXPECT_NO_THROW(verify_checkpoint(step(6)));
+  EXPECT_EQ(find_latest_checkpoint(dir_.file("ckpt")), step(6));
+}
+
+TEST_F(CheckpointFixture, CorruptedFileIsRefusedNamingIt) {
+  {
+    std::fstream file(step(6) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(200);
+    file.put('\x7f');
+  }
+  auto result = resume(step(6));
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("model.safetensors"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("checksum"), std::string::npos) << result.output;
+  // auto falls back to the newest intact checkpoint.
+  EXPECT_EQ(find_latest_checkpoint(dir_.file("ckpt")), step(5));
+}
+
+TEST_F(CheckpointFixture, TruncatedAndMissingFilesAreRefused) {
+  fs::resize_file(step(6) + "/optimizer-00000-of-00001.safetensors", 100);
+  auto truncated = resume(step(6));
+  EXPECT_NE(truncated.exit_code, 0);
+  EXPECT_NE(truncated.output.find("optimizer-00000-of-00001.safetensors"), std::string::npos)
+      << truncated.output;
+  EXPECT_NE(truncated.output.find("truncated"), std::string::npos) << truncated.output;
+
+  fs::remove(step(5) + "/trainer_state.json");
+  auto missing = resume(step(5));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("trainer_state.json"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("missing"), std::string::npos) << missing.output;
+}
+
+TEST_F(CheckpointFixture, OtherModelShapeOrVocabularyIsRefused) {
+  auto wider = resume(step(6), " --set model.d_model=64");
+  EXPECT_NE(wider.exit_code, 0);
+  EXPECT_NE(wider.output.find("model.d_model"), std::string::npos) << wider.output;
+  auto vocab = resume(step(6), " --set model.vocab_size=100");
+  EXPECT_NE(vocab.exit_code, 0);
+  EXPECT_NE(vocab.output.find("model.vocab_size"), std::string::npos) << vocab.output;
+}
+
+TEST_F(CheckpointFixture, UnknownFormatVersionIsRefused) {
+  std::string manifest = testing::read_text_file(step(6) + "/manifest.json");
+  auto json = nlohmann::json::parse(manifest);
+  json["format_version"] = 99;
+  testing::write_text_file(step(6) + "/manifest.json", json.dump());
+  auto result = resume(step(6));
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("format_version 99"), std::string::npos) << result.output;
+}
+
+TEST_F(CheckpointFixture, KeepLastPrunesOnlyOlderCompleteCheckpoints) {
+  auto run = run_command(kTrain + " --config " + dir_.file("c.yaml") +
+                         " --set train.steps=9 --set train.checkpoint.keep_last=2 --resume auto");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_.file("ckpt")))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000008", "step_00000009"}));
+}
+
+// Kills the trainer with SIGKILL at many moments (including inside checkpoint writes,
+// which happen every step) and checks that --resume auto always finds an intact
+// checkpoint and finishes with the same losses as an uninterrupted run.
+TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  const int steps = 30;
+  testing::write_text_file(dir.file("ref.yaml"), config_yaml("llama", data, dir.file("ref_ckpt"),
+                                                             dir.file("ref.jsonl"), steps));
+  auto reference_run = run_command(kTrain + " --config " + dir.file("ref.yaml"));
+  ASSERT_EQ(reference_run.exit_code, 0) << reference_run.output;
+  std::vector<double> reference = metric_losses(dir.file("ref.jsonl"));
+  ASSERT_EQ(reference.size(), size_t(steps));
+
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string ckpt = dir.file("ckpt" + std::to_string(trial));
+    const std::string metrics = dir.file("m" + std::to_string(trial) + ".jsonl");
+    testing::write_text_file(dir.file("c.yaml"), config_yaml("llama", data, ckpt, metrics, steps));
+    // Spread the kills from start-up to the end of the run.
+    double seconds = 0.05 + 0.045 * trial;
+    char kill_after[32];
+    std::snprintf(kill_after, sizeof kill_after, "%.3f", seconds);
+    auto killed = run_command("timeout -s KILL " + std::string(kill_after) + " " + kTrain +
+                              " --config " + dir.file("c.yaml"));
+    std::string found = find_latest_checkpoint(ckpt);
+    if (!found.empty()) EXPECT_NO_THROW(verify_checkpoint(found)) << found;
+    fs::remove(metrics);
+    auto resumed = run_command(kTrain + " --config " + dir.file("c.yaml") + " --resume auto");
+    ASSERT_EQ(resumed.exit_code, 0) << "trial " << trial << "\n" << resumed.output;
+    std::vector<double> losses = metric_losses(metrics);
+    ASSERT_LE(losses.size(), size_t(steps));
+    const size_t first = size_t(steps) - losses.size();
+    for (size_t i = 0; i < losses.size(); ++i)
+      EXPECT_EQ(losses[i], reference[first + i]) << "trial " << trial << " step " << first + i + 1;
+  }
+}
+
+TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  std::string yaml = config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 100000);
+  // Only the signal writes a checkpoint here.
+  yaml.replace(yaml.find("every: 1"), 8, "every: 0");
+  testing::write_text_file(dir.file("c.yaml"), yaml);
+  auto result = run_command("timeout -s TERM 1.5 " + kTrain + " --config " + dir.file("c.yaml"));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  std::string found = find_latest_checkpoint(dir.file("ckpt"));
+  ASSERT_FALSE(found.empty()) << result.output;
+  size_t steps_done = metric_losses(dir.file("m.jsonl")).size();
+  EXPECT_EQ(found, dir.file("ckpt/" + checkpoint_folder_name(int64_t(steps_done))));
+  EXPECT_NE(result.output.find("stop requested"), std::string::npos) << result.output;
+}
+
+TEST(CheckpointSignal, SecondSignalExitsAtOnceLeavingTheLastCheckpoint) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  // Big steps so the second signal arrives while the first step is still running.
+  std::string yaml =
+      "model: {family: llama, n_layers: 2, d_model: 64, n_heads: 4, d_ff: 128}\n"
+      "train: {steps: 1000, batch_size: 4, seq_len: 4096, checkpoint: {dir: " +
+      dir.file("ckpt") + "}}\n" + data;
+  testing::write_text_file(dir.file("c.yaml"), yaml);
+  auto result = run_command("bash -c '" + kTrain + " --config " + dir.file("c.yaml") +
+                            " & pid=$!; sleep 1; kill -TERM $pid; sleep 0.2; kill -TERM $pid; "
+                            "wait $pid'");
+  EXPECT_EQ(result.exit_code, 128 + 15) << result.output;
+  EXPECT_TRUE(find_latest_checkpoint(dir.file("ckpt")).empty());
+}
+
+}  // namespace
+}  // namespace ulysses

@@ -1,0 +1,102 @@
+// ulysses-train as a user runs it: --help, --dry-run, config errors, metrics file.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/testing.h"
+
+namespace ulysses {
+namespace {
+
+using testing::run_command;
+using testing::TempDir;
+
+const std::string kTrain = ULYSSES_TRAIN_BIN;
+
+// A one-layer model on the synthetic task; train_extra goes inside the train map.
+std::string tiny_yaml(const std::string& extra = "", const std::string& train_extra = "") {
+  return "model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n"
+         "train: {steps: 4, batch_size: 2, seq_len: 64, seed: 3" + train_extra + "}\n"
+         "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n" +
+         extra;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+TEST(Cli, HelpListsEveryOption) {
+  auto result = run_command(kTrain + " --help");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* option : {"--config", "--set", "--dry-run", "--resume"})
+    EXPECT_NE(result.output.find(option), std::string::npos) << option;
+}
+
+TEST(Cli, MissingConfigOptionExitsTwo) {
+  auto result = run_command(kTrain);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--config"), std::string::npos) << result.output;
+}
+
+TEST(Cli, BadConfigExitsTwoNamingKeyAndLine) {
+  TempDir dir;
+  testing::write_text_file(dir.file("bad.yaml"), tiny_yaml("train_typo: 3\n"));
+  auto result = run_command(kTrain + " --config " + dir.file("bad.yaml"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("train_typo"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find(":4"), std::string::npos) << result.output;
+
+  testing::write_text_file(dir.file("good.yaml"), tiny_yaml());
+  result = run_command(kTrain + " --config " + dir.file("good.yaml") + " --set train.lr=-1");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("train.lr"), std::string::npos) << result.output;
+}
+
+TEST(Cli, DryRunPrintsResolvedConfigParametersAndMemoryPlan) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml());
+  auto result = run_command(kTrain + " --config " + dir.file("c.yaml") + " --dry-run");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* text : {"parameters", "params:", "grads:", "optimizer:", "activations:",
+                           "attention:", "total:", "n_layers: 1"})
+    EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
+  EXPECT_FALSE(std::ifstream(dir.file("metrics.jsonl")).good());
+}
+
+TEST(Cli, TrainsAndWritesOneMetricsLinePerStep) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"),
+                           tiny_yaml("log: {metrics_file: " + dir.file("m.jsonl") + "}\n",
+                                     ", eval_every: 2, eval_steps: 1"));
+  auto result = run_command(kTrain + " --config " + dir.file("c.yaml"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("tok/s"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("ETA"), std::string::npos) << result.output;
+  auto lines = read_metrics(dir.file("m.jsonl"));
+  int steps = 0, evals = 0;
+  for (const auto& line : lines) {
+    if (line.contains("eval_loss")) {
+      ++evals;
+      EXPECT_TRUE(line.contains("eval_accuracy"));
+      continue;
+    }
+    ++steps;
+    EXPECT_EQ(line["step"].get<int>(), steps);
+    for (const char* key : {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms",
+                            "mem_peak_bytes", "accuracy", "all_to_all_bytes", "grad_comm_bytes"})
+      EXPECT_TRUE(line.contains(key)) << key;
+    EXPECT_TRUE(line["mem_peak_bytes"].contains("attention"));
+    EXPECT_GT(line["mem_peak_bytes"]["params"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(evals, 2);
+}
+
+}  // namespace
+}  // namespace ulysses

@@ -1,0 +1,401 @@
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "tests/testing.h"
+
+namespace ulysses {
+namespace {
+
+std::string config_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(yaml, overrides, "config.yaml");
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
+  return "";
+}
+
+std::string world_error(const Config& config, int world) {
+  try {
+    validate_for_world(config, world);
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for world " << world;
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// One bad config: the message must name the key, the file line and what is allowed.
+struct BadConfig {
+  std::string kind;
+  std::string yaml;
+  std::string key;
+  int line;
+  std::string explains;  // a fragment saying what is wrong or allowed
+};
+
+const std::vector<BadConfig> kBadConfigs = {
+    {"unknown key in a section", "train:\n  steps: 3\n  lrr: 0.1\n", "train.lrr", 3,
+     "did you mean 'train.lr'"},
+    {"unknown section", "model:\n  n_layers: 2\ntrian:\n  steps: 3\n", "trian", 3,
+     "did you mean 'train'"},
+    {"key in the wrong section", "train:\n  vocab_size: 300\n", "train.vocab_size", 2,
+     "did you mean 'model.vocab_size'"},
+    {"integer expected", "train:\n  steps: abc\n", "train.steps", 2,
+     "expected an integer, got 'abc'"},
+    {"integer given a fraction", "model:\n  n_layers: 2.5\n", "model.n_layers", 2,
+     "expected an integer, got '2.5'"},
+    {"integer given a list", "train:\n  seq_len: [1, 2]\n", "train.seq_len", 2,
+     "expected an integer, got a list"},
+    {"number expected", "train:\n  lr: fast\n", "train.lr", 2, "expected a number, got 'fast'"},
+    {"boolean expected", "parallel:\n  overlap: maybe\n", "parallel.overlap", 2,
+     "expected true or false"},
+    {"non-negative seed", "train:\n  seed: -1\n", "train.seed", 2, "non-negative integer"},
+    {"string given a map", "data:\n  path: {a: 1}\n", "data.path", 2, "expected a string"},
+    {"steps below 1", "train:\n  steps: 0\n", "train.steps", 2, ">= 1, got 0"},
+    {"lr not positive", "\ntrain:\n  lr: -0.1\n", "train.lr", 3, "> 0"},
+    {"beta1 of 1", "train:\n  beta1: 1.0\n", "train.beta1", 2, "< 1"},
+    {"beta2 negative", "train:\n  beta2: -0.5\n", "train.beta2", 2, ">= 0"},
+    {"eps zero", "train:\n  eps: 0\n", "train.eps", 2, "> 0"},
+    {"batch size zero", "train:\n  batch_size: 0\n", "train.batch_size", 2, ">= 1"},
+    {"seq_len of 1", "train:\n  seq_len: 1\n", "train.seq_len", 2, ">= 2"},
+    {"negative grad_clip", "train:\n  grad_clip: -1\n", "train.grad_clip", 2, ">= 0"},
+    {"negative weight decay", "train:\n  weight_decay: -0.1\n", "train.weight_decay", 2, ">= 0"},
+    {"negative warmup", "train:\n  warmup_steps: -5\n", "train.warmup_steps", 2, ">= 0"},
+    {"min_lr above lr", "train:\n  lr: 0.001\n  min_lr: 0.01\n", "train.min_lr", 3,
+     "train.lr = 0.001 (config.yaml:2)"},
+    {"no layers", "model:\n  n_layers: 0\n", "model.n_layers", 2, ">= 1"},
+    {"zero d_model", "model:\n  d_model: 0\n", "model.d_model", 2, ">= 1"},
+    {"zero loss tile", "memory:\n  loss_tile_tokens: 0\n", "memory.loss_tile_tokens", 2, ">= 1"},
+    {"negative memory limit", "memory:\n  limit_gib: -2\n", "memory.limit_gib", 2, ">= 0"},
+    {"log every zero", "log:\n  every: 0\n", "log.every", 2, ">= 1"},
+    {"head chunks zero", "parallel:\n  head_chunks: 0\n", "parallel.head_chunks", 2, ">= 1"},
+    {"zero stage 4", "parallel:\n  zero_stage: 4\n", "parallel.zero_stage", 2, "between 0 and 3"},
+    {"unknown family", "model:\n  family: lama\n", "model.family", 2, "llama or gpt2"},
+    {"unknown device", "device: tpu\n", "device", 1, "cpu or cuda"},
+    {"unknown data source", "data:\n  source: csv\n", "data.source", 2,
+     "synthetic, text or tokens"},
+    {"unknown checkpointing", "memory:\n  activation_checkpointing: full\n",
+     "memory.activation_checkpointing", 2, "none or layer"},
+    {"unknown attention kernel", "kernels:\n  attention: flash\n", "kernels.attention", 2,
+     "native or cudnn"},
+    {"cudnn on cpu", "device: cpu\nkernels:\n  attention: cudnn\n", "kernels.attention", 3,
+     "device = 'cpu' (config.yaml:1)"},
+    {"d_model not divisible by heads", "model:\n  d_model: 100\n  n_heads: 3\n", "model.d_model", 2,
+     "model.n_heads = 3 (config.yaml:3)"},
+    {"heads not divisible by kv heads", "model:\n  n_heads: 4\n  n_kv_heads: 3\n",
+     "model.n_kv_heads", 3, "1, 2 or 4"},
+    {"odd llama head_dim", "model:\n  d_model: 36\n  n_heads: 4\n", "model.d_model", 2, "RoPE"},
+    {"gpt2 with grouped kv heads", "model:\n  family: gpt2\n  n_heads: 4\n  n_kv_heads: 2\n",
+     "model.n_kv_heads", 4, "gpt2"},
+    {"seq_len above max_seq_len", "model:\n  max_seq_len: 128\ntrain:\n  seq_len: 256\n",
+     "train.seq_len", 4, "model.max_seq_len = 128 (config.yaml:2)"},
+    {"vocabulary too small for the task", "model:\n  vocab_size: 50\n", "model.vocab_size", 2,
+     "83"},
+    {"text without a path", "data:\n  source: text\n", "data.path", 2, "data.source = 'text'"},
+    {"tokens without a vocabulary", "data:\n  source: tokens\n  path: shards/*.bin\n",
+     "model.vocab_size", 2, "required"},
+    {"more queries than pairs", "data:\n  n_pairs: 2\n  n_queries: 3\n", "data.n_queries", 3,
+     "data.n_pairs = 2 (config.yaml:2)"},
+    {"sequence too short for the task", "train:\n  seq_len: 16\n", "train.seq_len", 2, "needs 25"},
+    {"val_fraction of 1", "data:\n  val_fraction: 1\n", "data.val_fraction", 2, "< 1"},
+    {"section that is not a map", "model:\n  n_layers: 2\ntrain: 5\n", "train", 3,
+     "expected a map"},
+    {"key given twice", "train:\n  steps: 3\n  steps: 4\n", "train.steps", 3, "given twice"},
+};
+
+TEST(Config, EveryKindOfBadConfigNamesTheKeyLineAndWhatIsAllowed) {
+  for (const BadConfig& bad : kBadConfigs) {
+    std::string message = config_error(bad.yaml);
+    EXPECT_TRUE(contains(message, bad.key)) << bad.kind << ": " << message;
+    EXPECT_TRUE(contains(message, "config.yaml:" + std::to_string(bad.line)))
+        << bad.kind << ": " << message;
+    EXPECT_TRUE(contains(message, bad.explains)) << bad.kind << ": " << message;
+  }
+}
+
+TEST(Config, InvalidYamlReportsTheParserLine) {
+  std::string message = config_error("train:\n  steps: 3\n  lr: [0.1, 0.2\n");
+  EXPECT_TRUE(contains(message, "invalid YAML")) << message;
+  EXPECT_TRUE(contains(message, "config.yaml:")) << message;
+  message = config_error("- one\n- two\n");
+  EXPECT_TRUE(contains(message, "config.yaml:1")) << message;
+  EXPECT_TRUE(contains(message, "map of sections")) << message;
+}
+
+TEST(Config, MissingFileIsAConfigError) {
+  try {
+    load_config("/nonexistent/run.yaml", {});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_TRUE(contains(error.what(), "/nonexistent/run.yaml")) << error.what();
+  }
+}
+
+TEST(Config, LoadsAFileAndNamesItInErrors) {
+  testing::TempDir dir;
+  testing::write_text_file(dir.file("run.yaml"), "train:\n  steps: 7\n");
+  EXPECT_EQ(load_config(dir.file("run.yaml"), {}).train.steps, 7);
+  testing::write_text_file(dir.file("bad.yaml"), "train:\n  steps: 7\n  lr: 0\n");
+  try {
+    load_config(dir.file("bad.yaml"), {});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_TRUE(contains(error.what(), dir.file("bad.yaml") + ":3: train.lr")) << error.what();
+  }
+}
+
+TEST(Config, EmptyConfigGivesTheDefaults) {
+  Config config = parse_config("", {}, "empty.yaml");
+  Config defaults;
+  EXPECT_EQ(config.device, "cpu");
+  EXPECT_EQ(config.train.steps, defaults.train.steps);
+  EXPECT_EQ(config.train.lr, defaults.train.lr);
+  EXPECT_EQ(config.data.source, "synthetic");
+  EXPECT_EQ(config.parallel.sp, 1);
+}
+
+TEST(Config, OverridesAreParsedAsYamlAndWinOverTheFile) {
+  Config config =
+      parse_config("train:\n  lr: 0.1\n  steps: 10\n",
+                   {"train.lr=1e-3", "data.source=text", "data.path=corpus/*.txt",
+                    "parallel.overlap=true", "train.checkpoint.dir=ckpt", "model.n_layers=3"},
+                   "config.yaml");
+  EXPECT_DOUBLE_EQ(config.train.lr, 1e-3);
+  EXPECT_EQ(config.train.steps, 10);
+  EXPECT_EQ(config.data.source, "text");
+  EXPECT_EQ(config.data.path, "corpus/*.txt");
+  EXPECT_TRUE(config.parallel.overlap);
+  EXPECT_EQ(config.train.checkpoint.dir, "ckpt");
+  EXPECT_EQ(config.model.n_layers, 3);
+  EXPECT_EQ(config.model.vocab_size, 257);  // resolved after the override of data.source
+}
+
+TEST(Config, BadOverridesNameTheOverride) {
+  std::string message = config_error("", {"train.lrr=1"});
+  EXPECT_TRUE(contains(message, "override 'train.lrr=1'")) << message;
+  EXPECT_TRUE(contains(message, "did you mean 'train.lr'")) << message;
+
+  message = config_error("", {"train.lr"});
+  EXPECT_TRUE(contains(message, "override 'train.lr'")) << message;
+  EXPECT_TRUE(contains(message, "key=value")) << message;
+
+  message = config_error("", {"train.steps=abc"});
+  EXPECT_TRUE(contains(message, "override 'train.steps=abc'")) << message;
+  EXPECT_TRUE(contains(message, "train.steps: expected an integer, got 'abc'")) << message;
+
+  message = config_error("", {"train=3"});
+  EXPECT_TRUE(contains(message, "override 'train=3'")) << message;
+  EXPECT_TRUE(contains(message, "section")) << message;
+
+  message = config_error("", {"train.lr=[1"});
+  EXPECT_TRUE(contains(message, "override 'train.lr=[1'")) << message;
+
+  message = config_error("model:\n  n_heads: 4\n", {"model.d_model=30"});
+  EXPECT_TRUE(contains(message, "override 'model.d_model=30': model.d_model")) << message;
+  EXPECT_TRUE(contains(message, "config.yaml:2")) << message;
+}
+
+TEST(Config, DefaultsThatDependOnOtherKeys) {
+  Config llama =
+      parse_config("model:\n  d_model: 64\n  n_heads: 4\ntrain:\n  seq_len: 512\n", {}, "c.yaml");
+  EXPECT_EQ(llama.model.n_kv_heads, 4);
+  EXPECT_EQ(llama.model.d_ff, 192);  // ceil(8·64/3) = 171, rounded up to a multiple of 32
+  EXPECT_EQ(llama.model.max_seq_len, 512);
+  EXPECT_EQ(llama.model.vocab_size, 3 + 16 + 32 + 32);
+
+  Config llama96 = parse_config("model:\n  d_model: 96\n", {}, "c.yaml");
+  EXPECT_EQ(llama96.model.d_ff, 256);
+
+  Config gpt2 = parse_config("model:\n  family: gpt2\n  d_model: 48\n  n_heads: 4\n", {}, "c.yaml");
+  EXPECT_EQ(gpt2.model.d_ff, 192);
+  EXPECT_EQ(gpt2.model.n_kv_heads, 4);
+
+  Config text = parse_config("data:\n  source: text\n  path: x.txt\n", {}, "c.yaml");
+  EXPECT_EQ(text.model.vocab_size, 257);
+
+  Config explicit_values = parse_config(
+      "model:\n  n_heads: 8\n  n_kv_heads: 2\n  d_ff: 100\n  vocab_size: 1000\n  "
+      "max_seq_len: 4096\n",
+      {}, "c.yaml");
+  EXPECT_EQ(explicit_values.model.n_kv_heads, 2);
+  EXPECT_EQ(explicit_values.model.d_ff, 100);
+  EXPECT_EQ(explicit_values.model.vocab_size, 1000);
+  EXPECT_EQ(explicit_values.model.max_seq_len, 4096);
+}
+
+TEST(Config, ResolvedYamlParsesBackToTheSameConfig) {
+  const std::string yaml = R"(device: cpu
+model:
+  family: llama
+  n_layers: 3
+  d_model: 128
+  n_heads: 8
+  n_kv_heads: 2
+  vocab_size: 300
+  rope_theta: 500000
+  norm_eps: 1e-6
+train:
+  steps: 50
+  batch_size: 2
+  seq_len: 1024
+  grad_accum: 2
+  lr: 0.0003
+  min_lr: 3e-5
+  warmup_steps: 10
+  weight_decay: 0.1
+  beta1: 0.8
+  beta2: 0.99
+  eps: 1e-10
+  grad_clip: 0.5
+  seed: 18446744073709551615
+  eval_every: 10
+  eval_steps: 2
+  checkpoint:
+    dir: "runs/ckpt: one"
+    every: 25
+    keep_last: 2
+data:
+  source: text
+  path: corpus/*.txt
+  val_path: ""
+  val_fraction: 0.1
+parallel:
+  sp: 4
+  zero_stage: 2
+  head_chunks: 2
+  overlap: true
+  bucket_mb: 12.5
+memory:
+  activation_checkpointing: layer
+  tiled_mlp: true
+  loss_tile_tokens: 128
+  limit_gib: 1.5
+log:
+  every: 5
+  metrics_file: metrics.jsonl
+  trace_file: trace.json
+)";
+  Config c = parse_config(yaml, {}, "round.yaml");
+  std::string resolved = config_to_yaml(c);
+  Config back = parse_config(resolved, {}, "resolved.yaml");
+  EXPECT_EQ(config_to_yaml(back), resolved);
+
+  EXPECT_EQ(back.device, c.device);
+  EXPECT_EQ(back.model.family, "llama");
+  EXPECT_EQ(back.model.n_layers, 3);
+  EXPECT_EQ(back.model.d_model, 128);
+  EXPECT_EQ(back.model.n_heads, 8);
+  EXPECT_EQ(back.model.n_kv_heads, 2);
+  EXPECT_EQ(back.model.d_ff, c.model.d_ff);
+  EXPECT_EQ(back.model.vocab_size, 300);
+  EXPECT_EQ(back.model.max_seq_len, 1024);
+  EXPECT_EQ(back.model.rope_theta, 500000.0);
+  EXPECT_EQ(back.model.norm_eps, 1e-6);
+  EXPECT_EQ(back.train.steps, 50);
+  EXPECT_EQ(back.train.batch_size, 2);
+  EXPECT_EQ(back.train.seq_len, 1024);
+  EXPECT_EQ(back.train.grad_accum, 2);
+  EXPECT_EQ(back.train.lr, 0.0003);
+  EXPECT_EQ(back.train.min_lr, 3e-5);
+  EXPECT_EQ(back.train.warmup_steps, 10);
+  EXPECT_EQ(back.train.weight_decay, 0.1);
+  EXPECT_EQ(back.train.beta1, 0.8);
+  EXPECT_EQ(back.train.beta2, 0.99);
+  EXPECT_EQ(back.train.eps, 1e-10);
+  EXPECT_EQ(back.train.grad_clip, 0.5);
+  EXPECT_EQ(back.train.seed, 18446744073709551615ull);
+  EXPECT_EQ(back.train.eval_every, 10);
+  EXPECT_EQ(back.train.eval_steps, 2);
+  EXPECT_EQ(back.train.checkpoint.dir, "runs/ckpt: one");
+  EXPECT_EQ(back.train.checkpoint.every, 25);
+  EXPECT_EQ(back.train.checkpoint.keep_last, 2);
+  EXPECT_EQ(back.data.source, "text");
+  EXPECT_EQ(back.data.path, "corpus/*.txt");
+  EXPECT_EQ(back.data.val_path, "");
+  EXPECT_EQ(back.data.val_fraction, 0.1);
+  EXPECT_EQ(back.parallel.sp, 4);
+  EXPECT_EQ(back.parallel.zero_stage, 2);
+  EXPECT_EQ(back.parallel.head_chunks, 2);
+  EXPECT_TRUE(back.parallel.overlap);
+  EXPECT_EQ(back.parallel.bucket_mb, 12.5);
+  EXPECT_EQ(back.memory.activation_checkpointing, "layer");
+  EXPECT_TRUE(back.memory.tiled_mlp);
+  EXPECT_EQ(back.memory.loss_tile_tokens, 128);
+  EXPECT_EQ(back.memory.limit_gib, 1.5);
+  EXPECT_EQ(back.kernels.attention, "native");
+  EXPECT_EQ(back.log.every, 5);
+  EXPECT_EQ(back.log.metrics_file, "metrics.jsonl");
+  EXPECT_EQ(back.log.trace_file, "trace.json");
+}
+
+TEST(Config, ResolvedYamlListsEveryKey) {
+  std::string resolved = config_to_yaml(parse_config("", {}, "c.yaml"));
+  for (const char* key :
+       {"device:",           "family:",      "n_kv_heads:",   "d_ff:",
+        "vocab_size:",       "max_seq_len:", "rope_theta:",   "init_from:",
+        "checkpoint:",       "keep_last:",   "source:",       "val_fraction:",
+        "plant_fraction:",   "head_chunks:", "bucket_mb:",    "activation_checkpointing:",
+        "loss_tile_tokens:", "attention:",   "metrics_file:", "trace_file:"}) {
+    EXPECT_TRUE(contains(resolved, key)) << key << " missing from:\n" << resolved;
+  }
+}
+
+Config config_with(const std::string& yaml) {
+  return parse_config(yaml, {}, "c.yaml");
+}
+
+TEST(ValidateForWorld, SpMustDivideTheWorld) {
+  Config config = config_with(
+      "parallel:\n  sp: 3\nmodel:\n  n_heads: 6\n  d_model: 48\n"
+      "train:\n  seq_len: 96\n");
+  EXPECT_EQ(world_error(config, 4),
+            "parallel.sp=3 does not divide the 4 ranks of the job; sp can be 1, 2 or 4");
+  EXPECT_NO_THROW(validate_for_world(config, 6));
+}
+
+TEST(ValidateForWorld, SpMustDivideTheHeads) {
+  Config config = config_with("parallel:\n  sp: 8\nmodel:\n  n_heads: 12\n  d_model: 96\n");
+  EXPECT_EQ(world_error(config, 8),
+            "model.n_heads=12 is not divisible by parallel.sp=8; sp can be 1, 2, 3, 4, 6 or 12");
+}
+
+TEST(ValidateForWorld, KvHeadsAreSplitOrReplicatedOrRefused) {
+  Config split = config_with("parallel:\n  sp: 2\nmodel:\n  n_heads: 8\n  n_kv_heads: 4\n");
+  EXPECT_NO_THROW(validate_for_world(split, 2));
+  Config replicated = config_with("parallel:\n  sp: 4\nmodel:\n  n_heads: 8\n  n_kv_heads: 2\n");
+  EXPECT_NO_THROW(validate_for_world(replicated, 4));
+  Config refused =
+      config_with("parallel:\n  sp: 2\nmodel:\n  n_heads: 6\n  n_kv_heads: 3\n  d_model: 48\n");
+  std::string message = world_error(refused, 2);
+  EXPECT_TRUE(contains(message, "model.n_kv_heads=3")) << message;
+  EXPECT_TRUE(contains(message, "parallel.sp=2")) << message;
+}
+
+TEST(ValidateForWorld, SeqLenMustSplitEvenly) {
+  Config config = config_with("parallel:\n  sp: 4\ntrain:\n  seq_len: 250\n");
+  std::string message = world_error(config, 4);
+  EXPECT_TRUE(contains(message, "train.seq_len=250 is not divisible by parallel.sp=4")) << message;
+  EXPECT_TRUE(contains(message, "248 or 252")) << message;
+}
+
+TEST(ValidateForWorld, HeadChunksMustDivideTheHeadsPerRank) {
+  Config config = config_with("parallel:\n  sp: 2\n  head_chunks: 3\nmodel:\n  n_heads: 8\n");
+  std::string message = world_error(config, 2);
+  EXPECT_TRUE(contains(message, "parallel.head_chunks=3 does not divide the 4 heads per rank"))
+      << message;
+  EXPECT_TRUE(contains(message, "1, 2 or 4")) << message;
+  config.parallel.head_chunks = 4;
+  EXPECT_NO_THROW(validate_for_world(config, 4));
+}
+
+}  // namespace
+}  // namespace ulysses
