@@ -55,8 +55,9 @@ class PackedDataset : public Dataset {
 std::shared_ptr<TokenStream> load_stream(const DataConfig& data, const std::string& pattern,
                                          const std::string& key, int vocab_size) {
   std::vector<std::string> files = resolve_data_files(pattern, key);
-  if (data.source == "text")
+  if (data.source == "text") {
     return std::make_shared<TokenStream>(TokenStream::from_text_files(files));
+  }
   return std::make_shared<TokenStream>(TokenStream::from_token_shards(files, vocab_size));
 }
 
@@ -84,6 +85,7 @@ std::unique_ptr<Dataset> make_packed_dataset(const DataConfig& data, Split split
                     " is too small for data.source text, which needs " +
                     std::to_string(kTextVocabSize) + " (256 bytes + end-of-document)");
   }
+  // "order" in ASCII: keeps the shuffle's stream apart from other uses of the seed.
   uint64_t order_seed = hash_words(seed, split == Split::train ? 1 : 2, 0x6f72646572ull);
 
   if (split == Split::val && !data.val_path.empty()) {
@@ -98,10 +100,13 @@ std::unique_ptr<Dataset> make_packed_dataset(const DataConfig& data, Split split
   int64_t total = stream->size();
   int64_t val_tokens = data.val_path.empty() ? int64_t(double(total) * data.val_fraction) : 0;
   int64_t train_tokens = total - val_tokens;
-  std::string sizes = "data.path " + stream->describe() + " holds " + std::to_string(total) +
-                      " tokens; data.val_fraction " + format_number(data.val_fraction) +
-                      " leaves " + std::to_string(train_tokens) + " for training and " +
-                      std::to_string(val_tokens) + " for validation";
+  std::string sizes =
+      "data.path " + stream->describe() + " holds " + std::to_string(total) + " tokens";
+  if (data.val_path.empty()) {
+    sizes += "; data.val_fraction " + format_number(data.val_fraction) + " leaves " +
+             std::to_string(train_tokens) + " for training and " + std::to_string(val_tokens) +
+             " for validation";
+  }
   if (split == Split::train) {
     check_fits(train_tokens, seq_len, "training", sizes);
     return std::make_unique<PackedDataset>(stream, 0, train_tokens, seq_len, order_seed);

@@ -172,6 +172,7 @@ std::unique_ptr<Dataset> make_synthetic_dataset(const DataConfig& data, Split sp
           "a sequence of " + std::to_string(seq_len) + " tokens cannot hold BOS, " +
               std::to_string(data.n_pairs) + " pairs and " + std::to_string(data.n_queries) +
               " queries (3 tokens each): it needs at least " + std::to_string(min_len));
+  // "synth" in ASCII: keeps the task's stream apart from other uses of the seed.
   uint64_t stream_seed = hash_words(seed, split == Split::train ? 1 : 2, 0x73796e7468ull);
   return std::make_unique<SyntheticDataset>(data, seq_len, stream_seed);
 }

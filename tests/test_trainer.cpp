@@ -23,12 +23,12 @@ Config tiny_config(const std::string& family) {
   return parse_config(yaml, {}, "test.yaml");
 }
 
-struct Run {
+struct TrainerRun {
   std::unique_ptr<Backend> backend = make_backend("cpu", 0);
   std::unique_ptr<Comm> world = make_local_comm();
   Mesh mesh;
   std::unique_ptr<Trainer> trainer;
-  explicit Run(const Config& config) {
+  explicit TrainerRun(const Config& config) {
     backend->set_num_threads(2);
     mesh = make_mesh(*world, 1);
     trainer = std::make_unique<Trainer>(config, *backend, mesh);
@@ -36,7 +36,7 @@ struct Run {
 };
 
 std::vector<double> losses(const Config& config, int steps) {
-  Run run(config);
+  TrainerRun run(config);
   std::vector<double> result;
   for (int i = 0; i < steps; ++i) result.push_back(run.trainer->train_step().loss);
   return result;
@@ -68,7 +68,7 @@ TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
   Config accumulated = big;
   accumulated.train.batch_size = 2;
   accumulated.train.grad_accum = 2;
-  Run a(big), b(accumulated);
+  TrainerRun a(big), b(accumulated);
   for (int step = 0; step < 3; ++step) {
     StepResult ra = a.trainer->train_step();
     StepResult rb = b.trainer->train_step();
@@ -80,7 +80,7 @@ TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
 TEST(Trainer, EvaluationReportsLossAndAccuracy) {
   Config config = tiny_config("llama");
   config.train.eval_every = 1;
-  Run run(config);
+  TrainerRun run(config);
   EvalResult eval = run.trainer->evaluate();
   EXPECT_GT(eval.tokens, 0);
   EXPECT_GT(eval.loss, 0.0);
@@ -95,7 +95,7 @@ TEST(Trainer, LogitsForTheWholeSliceAreNeverAllocated) {
   config.data.source = "synthetic";
   config.model.vocab_size = 4096;  // big vocabulary, few answer tokens
   config.memory.loss_tile_tokens = 16;
-  Run run(config);
+  TrainerRun run(config);
   run.backend->memory().reset_peaks();
   run.trainer->train_step();
   const int64_t rows = int64_t(config.train.batch_size) * config.train.seq_len;
@@ -114,7 +114,7 @@ TEST(Trainer, AttentionMemoryGrowsLinearlyWithSequenceLength) {
     config.train.seq_len = seq_len;
     config.model.max_seq_len = seq_len;
     config.train.batch_size = 1;
-    Run run(config);
+    TrainerRun run(config);
     run.backend->memory().reset_peaks();
     run.trainer->train_step();
     return run.backend->memory().peak(MemCategory::attention);

@@ -215,8 +215,9 @@ void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const T
   for (int64_t i = 0; i < n; ++i) {
     const float sigmoid = 1.0f / (1.0f + cpu::fast_exp(-g[i]));
     const float silu = g[i] * sigmoid;
-    du[i] = go[i] * silu;
-    dg[i] = go[i] * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
+    const float grad_out = go[i];  // read before writing: dout may alias dup or dgate
+    du[i] = grad_out * silu;
+    dg[i] = grad_out * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
   }
 }
 

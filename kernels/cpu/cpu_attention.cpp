@@ -156,17 +156,21 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
       std::fill(p, p + kTile, 0.0f);
       continue;
     }
+    // Loops below compute every lane and then select, so that they vectorise.
     float tile_max = kMinusInfinity;
 #pragma omp simd reduction(max : tile_max)
-    for (int64_t j = 0; j < kTile; ++j) tile_max = std::max(tile_max, j < visible ? p[j] : kMinusInfinity);
+    for (int64_t j = 0; j < kTile; ++j) {
+      const float score = p[j];
+      tile_max = cpu::vector_max(tile_max, j < visible ? score : kMinusInfinity);
+    }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < kTile; ++j) {
-      const float value = j < visible ? cpu::fast_exp(p[j] - new_max) : 0.0f;
-      p[j] = value;
-      sum += value;
+      const float value = cpu::fast_exp(p[j] - new_max);
+      p[j] = j < visible ? value : 0.0f;
+      sum += p[j];
     }
     row_sum[i] = row_sum[i] * correction + sum;
     row_max[i] = new_max;
@@ -185,11 +189,12 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
     float* p = probs + i * kTile;
     float* dp = dprobs + i * kTile;
     const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
+    const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
     for (int64_t j = 0; j < kTile; ++j) {
-      const float prob = j < visible ? cpu::fast_exp(p[j] - tile_lse[i]) : 0.0f;
-      p[j] = prob;
-      dp[j] = prob * (dp[j] - tile_d[i]);
+      const float prob = cpu::fast_exp(p[j] - row_lse);
+      p[j] = j < visible ? prob : 0.0f;
+      dp[j] = p[j] * (dp[j] - row_d);
     }
   }
 }

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <bit>
-#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -50,14 +49,33 @@ inline int64_t rows_of(const Tensor& t, int64_t width, const char* op, const cha
   return t.numel() / width;
 }
 
-// exp(x) in float, accurate to about 2 ulp, written without calls or branches so that loops
-// over it vectorise (std::exp does not without -ffast-math). Cephes-style: x = n·ln2 + r,
-// |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2^n by building the exponent bits.
-// Returns 0 below -87.3 (where the float result would be denormal).
+// Comparison and selection through the sign bit and integer masks. Under GCC's default
+// -ftrapping-math a floating-point compare keeps a loop from vectorising; these become
+// plain vector subtract/and/or instructions.
+// All ones when a < b, else zero (for ordered operands whose difference is not -0).
+inline int32_t less_mask(float a, float b) { return std::bit_cast<int32_t>(a - b) >> 31; }
+
+inline float select(int32_t mask, float if_set, float if_clear) {
+  return std::bit_cast<float>((std::bit_cast<int32_t>(if_set) & mask) |
+                              (std::bit_cast<int32_t>(if_clear) & ~mask));
+}
+
+inline float vector_max(float a, float b) { return select(less_mask(a, b), b, a); }
+
+// exp(x) in float to within about 1e-7 relative, written without calls, branches or
+// floating-point compares so that loops over it vectorise (std::exp does not without
+// -ffast-math). Cephes-style: x = n·ln2 + r with |r| <= ln2/2, exp(r) by a degree-6
+// polynomial, 2^n built in the exponent bits. Inputs are clamped to [-87.3, 88.3], and the
+// result is 0 below -87.3 (where it would be denormal).
 inline float fast_exp(float x) {
-  const float low_clamped = x < -87.3f ? -87.3f : x;
-  const float clamped = low_clamped > 88.7f ? 88.7f : low_clamped;
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  const int32_t underflow = less_mask(x, -87.3f);
+  const float low_clamped = select(underflow, -87.3f, x);
+  const float clamped = select(less_mask(88.3f, low_clamped), 88.3f, low_clamped);
+  // Adding 1.5·2^23 rounds to an integer, which then sits in the low mantissa bits.
+  constexpr float kRound = 12582912.0f;
+  const float shifted = clamped * 1.44269504088896341f + kRound;
+  const float n = shifted - kRound;
+  const int32_t n_int = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound);
   float r = clamped - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -67,8 +85,8 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const float two_n = std::bit_cast<float>((int32_t(n) + 127) << 23);
-  return x < -87.3f ? 0.0f : p * two_n;
+  const float value = p * std::bit_cast<float>((n_int + 127) << 23);
+  return select(underflow, 0.0f, value);
 }
 
 }  // namespace ulysses::cpu
