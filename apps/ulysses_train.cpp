@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "apps/export_command.h"
 #include "core/checkpoint.h"
 #include "core/config.h"
 #include "core/metrics.h"
@@ -105,6 +106,7 @@ int run(const Options& options, Comm& world) {
 
 int main(int argc, char** argv) {
   using namespace ulysses;
+  if (argc >= 2 && std::string(argv[1]) == "export") return run_export_command(argc, argv);
   Options options;
   CLI::App app{
       "ulysses-train: trains a Llama- or GPT-2-style transformer on long sequences, each "

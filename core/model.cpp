@@ -49,6 +49,9 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batc
                  config.model.head_dim()),
       block_(config.model, backend, attention_) {
   const int64_t rows = batch * seq_local, C = model_.d_model;
+  if (backend.compute_dtype() != DType::f32)
+    compute_params_ = backend.alloc(MemCategory::params, backend.compute_dtype(),
+                                    {table_.total_numel()}, "parameters (compute copy)");
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");
   targets_ = backend.alloc(MemCategory::activations, DType::i32, {rows}, "targets");
   for (int i = 0; i <= model_.n_layers; ++i)
@@ -83,6 +86,15 @@ void Model::init_weights(uint64_t seed) {
     }
   }
   backend_.upload(params_, host.data());
+  refresh_compute_params();
+}
+
+void Model::refresh_compute_params() {
+  if (!compute_params_.empty()) backend_.cast(compute_params_, params_);
+}
+
+const Tensor& Model::weights() const {
+  return compute_params_.empty() ? params_.tensor() : compute_params_.tensor();
 }
 
 void Model::zero_grads() { backend_.fill_zero(grads_); }
@@ -98,7 +110,7 @@ void Model::forward(const MicroBatch& batch) {
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
   backend_.upload(tokens_, batch.inputs.data());
   backend_.upload(targets_, batch.targets.data());
-  const Tensor& p = params_.tensor();
+  const Tensor& p = weights();
   Tensor wpe = table_.has(R::position_embedding) ? table_.view(p, R::position_embedding) : Tensor();
   backend_.embedding_forward(
       residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
@@ -110,7 +122,7 @@ void Model::forward(const MicroBatch& batch) {
 }
 
 void Model::final_norm_forward() {
-  const Tensor& p = params_.tensor();
+  const Tensor& p = weights();
   const Tensor& x = residuals_.back().tensor();
   const float eps = float(model_.norm_eps);
   if (model_.family == "llama") {
@@ -124,7 +136,7 @@ void Model::final_norm_forward() {
 }
 
 void Model::final_norm_backward(const Tensor& dhidden) {
-  const Tensor& p = params_.tensor();
+  const Tensor& p = weights();
   const Tensor& g = grads_.tensor();
   const Tensor& x = residuals_.back().tensor();
   backend_.fill_zero(dresidual_);
@@ -140,7 +152,7 @@ void Model::final_norm_backward(const Tensor& dhidden) {
 
 LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   forward(batch);
-  const Tensor& p = params_.tensor();
+  const Tensor& p = weights();
   const Tensor& g = grads_.tensor();
   LossResult loss =
       backend_.lm_head_loss(final_norm_out_, lm_head_weight(p), targets_, memory_.loss_tile_tokens,
@@ -159,7 +171,7 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
 
 LossResult Model::evaluate(const MicroBatch& batch) {
   forward(batch);
-  return backend_.lm_head_loss(final_norm_out_, lm_head_weight(params_.tensor()), targets_,
+  return backend_.lm_head_loss(final_norm_out_, lm_head_weight(weights()), targets_,
                                memory_.loss_tile_tokens, 1.0f, Tensor(), Tensor());
 }
 

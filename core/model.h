@@ -33,12 +33,16 @@ class Model {
   Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batch, int64_t seq_local);
 
   const ParamTable& table() const { return table_; }
+  // fp32 master weights (what the optimizer updates and checkpoints hold).
   const Tensor& params() const { return params_.tensor(); }
   const Tensor& grads() const { return grads_.tensor(); }
   int64_t num_params() const { return table_.total_numel(); }
 
   // Deterministic in seed: every rank of every world size gets the same weights.
   void init_weights(uint64_t seed);
+  // After params() changed (optimizer step, load): refreshes the copy in the backend's
+  // compute dtype that forward and backward read (a no-op when that is f32).
+  void refresh_compute_params();
   void zero_grads();
 
   // Forward, fused loss and backward; gradients accumulate (scaled by grad_scale).
@@ -48,6 +52,8 @@ class Model {
 
  private:
   void forward(const MicroBatch& batch);
+  // The weights forward/backward read: params_ itself, or its low-precision copy.
+  const Tensor& weights() const;
   Tensor lm_head_weight(const Tensor& flat) const;
   void final_norm_forward();
   void final_norm_backward(const Tensor& dhidden);
@@ -58,6 +64,7 @@ class Model {
   ParamTable table_;
   BlockShape shape_;
   Buffer params_, grads_;
+  Buffer compute_params_;  // only when the compute dtype is not f32
   UlyssesAttention attention_;
   Block block_;
 

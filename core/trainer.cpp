@@ -1,6 +1,7 @@
 #include "core/trainer.h"
 
 #include "core/stop_signal.h"
+#include "core/weights_io.h"
 
 #include <spdlog/spdlog.h>
 
@@ -68,6 +69,12 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
   optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train);
   if (backend.memory().planning()) return;
   model_->init_weights(train.seed);
+  if (!config.model.init_from.empty()) {
+    std::vector<float> host(size_t(model_->num_params()));
+    load_pretrained_weights(config.model.init_from, config.model, model_->table(), host);
+    backend.upload(model_->params(), host.data());
+    model_->refresh_compute_params();
+  }
   train_data_ =
       make_dataset(config.data, Split::train, train.seq_len, config.model.vocab_size, train.seed);
   if (train.eval_every > 0)
@@ -78,6 +85,7 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
 
 void Trainer::resume(const std::string& folder) {
   step_ = checkpointer_->load(folder, *model_, *optimizer_);
+  model_->refresh_compute_params();
   if (mesh_.world->rank() == 0) spdlog::info("resumed from {} at step {}", folder, step_);
 }
 
@@ -138,6 +146,7 @@ StepResult Trainer::train_step() {
   result.lr = learning_rate(train, step_);
   optimizer_->update(model_->params(), model_->grads(), float(result.lr),
                      clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+  model_->refresh_compute_params();
   backend_.synchronize();
   ++step_;
   result.step = step_;

@@ -7,7 +7,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "parallel/comm.h"
+#include "parallel/local_comm.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
 
@@ -153,6 +155,22 @@ TEST(LocalComm, MeshOfOneRank) {
   EXPECT_EQ(mesh.dp->size(), 1);
   EXPECT_THROW(make_mesh(*world, 2), std::invalid_argument);
   EXPECT_THROW(make_mesh(*world, 0), std::invalid_argument);
+}
+
+TEST(LocalComm, CopiesThroughTheBackendWhenGivenOne) {
+  CpuBackend backend;
+  auto comm = make_local_comm(backend, "sp");
+  EXPECT_EQ(comm->name(), "sp");
+  Buffer send = backend.alloc(MemCategory::comm, DType::f32, {2, 3}, "send");
+  Buffer recv = backend.alloc(MemCategory::comm, DType::f32, {6}, "recv");
+  std::vector<float> values = iota_floats(6, -2.0f);
+  backend.upload(send, values.data());
+  backend.fill_zero(recv);
+  comm->all_gather(send, recv);
+  std::vector<float> result(6);
+  backend.download(result.data(), recv);
+  EXPECT_EQ(result, values);
+  EXPECT_EQ(comm->split(0, 0, "dp")->size(), 1);
 }
 
 TEST(LocalCommDeathTest, AbortExitsWithTheCode) {

@@ -34,8 +34,7 @@ std::ostream& operator<<(std::ostream& out, const AttentionCase& c) {
 
 // Causal softmax attention in double; q[B, T, Hq, d], k/v[B, T, Hkv, d].
 std::vector<double> reference_attention(const AttentionCase& c, const std::vector<double>& q,
-                                        const std::vector<double>& k,
-                                        const std::vector<double>& v,
+                                        const std::vector<double>& k, const std::vector<double>& v,
                                         std::vector<double>* lse = nullptr) {
   const int64_t T = c.seq_len, Hq = c.q_heads, Hkv = c.kv_heads, d = c.dim;
   const double scale = 1.0 / std::sqrt(double(d));
@@ -87,8 +86,8 @@ TEST_P(CpuAttention, ForwardAndBackwardMatchReference) {
   Buffer vb = make_f32(backend, {c.batch, c.seq_len, c.kv_heads, c.dim}, v);
   Buffer out = backend.alloc(MemCategory::activations, DType::f32,
                              {c.batch, c.seq_len, c.q_heads, c.dim}, "out");
-  Buffer lse = backend.alloc(MemCategory::activations, DType::f32,
-                             {c.batch, c.q_heads, c.seq_len}, "lse");
+  Buffer lse =
+      backend.alloc(MemCategory::activations, DType::f32, {c.batch, c.q_heads, c.seq_len}, "lse");
   backend.attention_forward(out, lse, qb, kb, vb);
 
   std::vector<double> expected_lse;
@@ -125,9 +124,9 @@ TEST_P(CpuAttention, ForwardAndBackwardMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CpuAttention,
-    ::testing::Values(AttentionCase{2, 37, 2, 2, 8, 400},    // one partial tile
-                      AttentionCase{1, 150, 4, 2, 16, 120},  // GQA 2:1, three tiles, last partial
-                      AttentionCase{1, 130, 4, 1, 20, 120},  // one kv head, padded head dim
+    ::testing::Values(AttentionCase{2, 37, 2, 2, 8, 400},     // one partial tile
+                      AttentionCase{1, 150, 4, 2, 16, 120},   // GQA 2:1, three tiles, last partial
+                      AttentionCase{1, 130, 4, 1, 20, 120},   // one kv head, padded head dim
                       AttentionCase{2, 128, 2, 1, 32, 80}));  // whole tiles, batch 2
 
 struct AttentionRun {

@@ -56,7 +56,8 @@ inline std::vector<float> read_f32(Backend& backend, const Tensor& tensor) {
 
 // max |actual - expected| / max |expected|: the error relative to the tensor's scale, which
 // stays meaningful where single elements cancel to near zero.
-inline double relative_error(const std::vector<float>& actual, const std::vector<double>& expected) {
+inline double relative_error(const std::vector<float>& actual,
+                             const std::vector<double>& expected) {
   EXPECT_EQ(actual.size(), expected.size());
   double max_error = 0.0, max_expected = 0.0;
   for (size_t i = 0; i < actual.size() && i < expected.size(); ++i) {

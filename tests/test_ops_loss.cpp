@@ -59,9 +59,11 @@ TEST(CpuLmHeadLoss, LossCountsAndGradients) {
   Buffer hb = make_f32(backend, {rows, width}, hidden);
   Buffer wb = make_f32(backend, {vocab, width}, weight);
   Buffer tb = make_i32(backend, {rows}, targets);
-  Buffer dhidden = make_f32(backend, {rows, width}, random_floats(hidden.size(), 4));  // overwritten
+  Buffer dhidden =
+      make_f32(backend, {rows, width}, random_floats(hidden.size(), 4));  // overwritten
   Buffer dweight = make_f32(backend, {vocab, width}, dweight_start);
-  const LossResult result = backend.lm_head_loss(hb, wb, tb, tile_rows, grad_scale, dhidden, dweight);
+  const LossResult result =
+      backend.lm_head_loss(hb, wb, tb, tile_rows, grad_scale, dhidden, dweight);
 
   const ReferenceLoss expected =
       reference_loss(to_double(hidden), to_double(weight), targets, vocab, width);
@@ -112,7 +114,8 @@ TEST(CpuLmHeadLoss, NoCountedRowsAndBadTargets) {
   Buffer hb = make_f32(backend, {3, width}, random_floats(size_t(3 * width), 6));
   Buffer wb = make_f32(backend, {vocab, width}, random_floats(size_t(vocab * width), 7));
   Buffer dhidden = make_f32(backend, {3, width}, random_floats(size_t(3 * width), 8));
-  Buffer dweight = make_f32(backend, {vocab, width}, std::vector<float>(size_t(vocab * width), 0.0f));
+  Buffer dweight =
+      make_f32(backend, {vocab, width}, std::vector<float>(size_t(vocab * width), 0.0f));
   Buffer none = make_i32(backend, {3}, {-1, -1, -1});
   const LossResult empty = backend.lm_head_loss(hb, wb, none, 2, 1.0f, dhidden, dweight);
   EXPECT_EQ(empty.count, 0);

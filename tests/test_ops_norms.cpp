@@ -92,7 +92,8 @@ std::vector<double> reference_layernorm(const std::vector<double>& x, const std:
     double mean = 0.0, var = 0.0;
     for (int64_t j = 0; j < width; ++j) mean += x[r * width + j];
     mean /= double(width);
-    for (int64_t j = 0; j < width; ++j) var += (x[r * width + j] - mean) * (x[r * width + j] - mean);
+    for (int64_t j = 0; j < width; ++j)
+      var += (x[r * width + j] - mean) * (x[r * width + j] - mean);
     const double rstd = 1.0 / std::sqrt(var / double(width) + eps);
     for (int64_t j = 0; j < width; ++j)
       out[r * width + j] = (x[r * width + j] - mean) * rstd * w[j] + bias[j];
@@ -119,9 +120,9 @@ TEST(CpuLayerNorm, ForwardAndBackward) {
   Buffer mean = backend.alloc(MemCategory::activations, DType::f32, {rows}, "mean");
   Buffer rstd = backend.alloc(MemCategory::activations, DType::f32, {rows}, "rstd");
   backend.layernorm_forward(out, mean, rstd, xb, wb, bb, eps);
-  EXPECT_LT(relative_error(read_f32(backend, out),
-                           reference_layernorm(to_double(x), to_double(w), to_double(bias), rows,
-                                               width, eps)),
+  EXPECT_LT(relative_error(
+                read_f32(backend, out),
+                reference_layernorm(to_double(x), to_double(w), to_double(bias), rows, width, eps)),
             kForwardTolerance);
 
   Buffer dx = make_f32(backend, {rows, width}, dx_start);
@@ -138,7 +139,8 @@ TEST(CpuLayerNorm, ForwardAndBackward) {
                         dout);
   };
   auto loss_b = [&](const std::vector<double>& bs) {
-    return weighted_sum(reference_layernorm(to_double(x), to_double(w), bs, rows, width, eps), dout);
+    return weighted_sum(reference_layernorm(to_double(x), to_double(w), bs, rows, width, eps),
+                        dout);
   };
   expect_gradient_matches(added(read_f32(backend, dx), dx_start), to_double(x), loss_x,
                           kGradientTolerance, "layernorm dx");
@@ -160,7 +162,8 @@ std::vector<double> reference_rope(const std::vector<double>& x, int64_t batch, 
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = ((b * seq_len + t) * heads + h) * dim;
         for (int64_t i = 0; i < half; ++i) {
-          const double angle = double(pos_offset + t) * std::pow(theta, -2.0 * double(i) / double(dim));
+          const double angle =
+              double(pos_offset + t) * std::pow(theta, -2.0 * double(i) / double(dim));
           const double first = x[base + i], second = x[base + i + half];
           out[base + i] = first * std::cos(angle) - second * std::sin(angle);
           out[base + i + half] = second * std::cos(angle) + first * std::sin(angle);
@@ -205,7 +208,8 @@ TEST(CpuRope, RejectsOddHeadDim) {
 
 // ---- SwiGLU and GELU -----------------------------------------------------------------------
 
-std::vector<double> reference_swiglu(const std::vector<double>& gate, const std::vector<double>& up) {
+std::vector<double> reference_swiglu(const std::vector<double>& gate,
+                                     const std::vector<double>& up) {
   std::vector<double> out(gate.size());
   for (size_t i = 0; i < gate.size(); ++i) out[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
   return out;
@@ -222,8 +226,9 @@ TEST(CpuSwiGlu, ForwardAndBackward) {
   Buffer ub = make_f32(backend, {rows, width}, up);
   Buffer out = backend.alloc(MemCategory::activations, DType::f32, {rows, width}, "out");
   backend.swiglu_forward(out, gb, ub);
-  EXPECT_LT(relative_error(read_f32(backend, out), reference_swiglu(to_double(gate), to_double(up))),
-            kForwardTolerance);
+  EXPECT_LT(
+      relative_error(read_f32(backend, out), reference_swiglu(to_double(gate), to_double(up))),
+      kForwardTolerance);
 
   Buffer db = make_f32(backend, {rows, width}, dout);
   Buffer dgate = make_f32(backend, {rows, width}, random_floats(n, 34));  // overwritten
@@ -239,6 +244,32 @@ TEST(CpuSwiGlu, ForwardAndBackward) {
                           "swiglu dgate");
   expect_gradient_matches(read_f32(backend, dup), to_double(up), loss_up, kGradientTolerance,
                           "swiglu dup");
+}
+
+// The model reuses the dout buffer for one of the gradients; the result must not change.
+TEST(CpuSwiGlu, BackwardAllowsDoutToBeAGradientBuffer) {
+  CpuBackend backend;
+  const int64_t n = 50;
+  const std::vector<float> gate = random_floats(size_t(n), 36, -4.0f, 4.0f);
+  const std::vector<float> up = random_floats(size_t(n), 37);
+  const std::vector<float> dout = random_floats(size_t(n), 38);
+  Buffer gb = make_f32(backend, {n}, gate);
+  Buffer ub = make_f32(backend, {n}, up);
+  Buffer separate_out = make_f32(backend, {n}, dout);
+  Buffer dgate = backend.alloc(MemCategory::activations, DType::f32, {n}, "dgate");
+  Buffer dup = backend.alloc(MemCategory::activations, DType::f32, {n}, "dup");
+  backend.swiglu_backward(dgate, dup, separate_out, gb, ub);
+  const std::vector<float> expected_dgate = read_f32(backend, dgate);
+  const std::vector<float> expected_dup = read_f32(backend, dup);
+
+  Buffer shared_up = make_f32(backend, {n}, dout);
+  backend.swiglu_backward(dgate, shared_up, shared_up, gb, ub);
+  EXPECT_EQ(read_f32(backend, dgate), expected_dgate);
+  EXPECT_EQ(read_f32(backend, shared_up), expected_dup);
+  Buffer shared_gate = make_f32(backend, {n}, dout);
+  backend.swiglu_backward(shared_gate, dup, shared_gate, gb, ub);
+  EXPECT_EQ(read_f32(backend, shared_gate), expected_dgate);
+  EXPECT_EQ(read_f32(backend, dup), expected_dup);
 }
 
 std::vector<double> reference_gelu(const std::vector<double>& x) {
@@ -257,7 +288,8 @@ TEST(CpuGelu, ForwardAndBackward) {
   Buffer xb = make_f32(backend, {n}, x);
   Buffer out = backend.alloc(MemCategory::activations, DType::f32, {n}, "out");
   backend.gelu_forward(out, xb);
-  EXPECT_LT(relative_error(read_f32(backend, out), reference_gelu(to_double(x))), kForwardTolerance);
+  EXPECT_LT(relative_error(read_f32(backend, out), reference_gelu(to_double(x))),
+            kForwardTolerance);
 
   Buffer db = make_f32(backend, {n}, dout);
   Buffer dx = make_f32(backend, {n}, random_floats(size_t(n), 43));  // overwritten
@@ -298,9 +330,9 @@ TEST(CpuEmbedding, ForwardAndBackwardWithPositionOffset) {
   Buffer wpe_b = make_f32(backend, {max_positions, width}, wpe);
   Buffer out = backend.alloc(MemCategory::activations, DType::f32, {batch, seq_len, width}, "out");
   backend.embedding_forward(out, tb, wte_b, wpe_b, pos_offset);
-  EXPECT_LT(relative_error(read_f32(backend, out), reference_embedding(tokens, to_double(wte),
-                                                                       to_double(wpe), seq_len,
-                                                                       width, pos_offset)),
+  EXPECT_LT(relative_error(read_f32(backend, out),
+                           reference_embedding(tokens, to_double(wte), to_double(wpe), seq_len,
+                                               width, pos_offset)),
             1e-7);
 
   Buffer dwte = make_f32(backend, {vocab, width}, dwte_start);

@@ -65,6 +65,7 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
   Model model(config, *backend, *sp, batch, seq);
   std::vector<float> weights = random_weights(model.table(), 11);
   backend->upload(model.params(), weights.data());
+  model.refresh_compute_params();
 
   MicroBatch micro;
   micro.batch = batch;

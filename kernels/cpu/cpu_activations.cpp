@@ -1,6 +1,7 @@
 // CpuBackend: token/position embedding, rotary position embedding, SwiGLU and GELU.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
@@ -52,8 +53,8 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, cons
     require_f32(wpe, op, "wpe");
     cpu::require_ndim(wpe, 2, op, "wpe");
     if (wpe.shape[1] != width)
-      throw std::invalid_argument(std::string(op) + ": wpe " + wpe.shape_string() +
-                                  " and wte " + wte.shape_string() + " differ in width");
+      throw std::invalid_argument(std::string(op) + ": wpe " + wpe.shape_string() + " and wte " +
+                                  wte.shape_string() + " differ in width");
     check_positions(wpe, pos_offset, seq_len, op);
   }
   check_token_ids(tokens, vocab, op);
@@ -92,8 +93,8 @@ void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, cons
     require_f32(dwpe, op, "dwpe");
     cpu::require_ndim(dwpe, 2, op, "dwpe");
     if (dwpe.shape[1] != width)
-      throw std::invalid_argument(std::string(op) + ": dwpe " + dwpe.shape_string() +
-                                  " and dwte " + dwte.shape_string() + " differ in width");
+      throw std::invalid_argument(std::string(op) + ": dwpe " + dwpe.shape_string() + " and dwte " +
+                                  dwte.shape_string() + " differ in width");
     check_positions(dwpe, pos_offset, seq_len, op);
   }
   check_token_ids(tokens, vocab, op);
@@ -134,22 +135,26 @@ void CpuBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inv
   require_f32(x, op, "x");
   cpu::require_ndim(x, 4, op, "x");
   const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2], dim = x.shape[3];
-  if (dim % 2 != 0) throw std::invalid_argument("rope: head dim " + std::to_string(dim) + " is odd");
+  if (dim % 2 != 0)
+    throw std::invalid_argument("rope: head dim " + std::to_string(dim) + " is odd");
   if (pos_offset < 0) throw std::invalid_argument("rope: negative pos_offset");
   const int64_t half = dim / 2;
 
   // cos/sin of pos·theta^(-2i/d) for the T positions of this call; the angle is formed in
   // double because positions reach millions.
-  Buffer table = alloc(MemCategory::workspace, DType::f32, {2, seq_len, half}, "rope cos/sin table");
+  Buffer table =
+      alloc(MemCategory::workspace, DType::f32, {2, seq_len, half}, "rope cos/sin table");
   float* cos_table = table.f32();
   float* sin_table = cos_table + seq_len * half;
   const double sign = inverse ? -1.0 : 1.0;
+  std::vector<double> frequency(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    frequency[size_t(i)] = std::pow(double(theta), -2.0 * double(i) / double(dim));
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < seq_len; ++t) {
     const double position = double(pos_offset + t);
     for (int64_t i = 0; i < half; ++i) {
-      const double frequency = std::pow(double(theta), -2.0 * double(i) / double(dim));
-      const double angle = sign * position * frequency;
+      const double angle = sign * position * frequency[size_t(i)];
       cos_table[t * half + i] = float(std::cos(angle));
       sin_table[t * half + i] = float(std::sin(angle));
     }

@@ -27,8 +27,8 @@ struct AttentionShape {
   float scale;
 };
 
-AttentionShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& out, const Tensor& lse, const char* op) {
+AttentionShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, const char* op) {
   cpu::require_f32(q, op, "q");
   cpu::require_f32(k, op, "k");
   cpu::require_f32(v, op, "v");
@@ -45,7 +45,7 @@ AttentionShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v
   s.kv_heads = k.shape[2];
   const bool kv_ok = k.shape[0] == s.batch && k.shape[1] == s.seq_len && k.shape[3] == s.dim &&
                      v.ndim == 4 && v.shape == k.shape;
-  if (!kv_ok || s.kv_heads == 0 || s.q_heads % s.kv_heads != 0) {
+  if (!kv_ok || s.dim == 0 || s.kv_heads == 0 || s.q_heads % s.kv_heads != 0) {
     throw std::invalid_argument(std::string(op) + ": q " + q.shape_string() + ", k " +
                                 k.shape_string() + ", v " + v.shape_string() +
                                 " do not fit q[B, T, Hq, d], k/v[B, T, Hkv, d] with Hq % Hkv == 0");
@@ -75,16 +75,18 @@ class ScratchCursor {
 // tile[r][c] = factor · src[r·stride + c] for r < rows, c < dim; zero up to [kTile][pdim].
 void load_rows(float* tile, const float* src, int64_t stride, int64_t rows, int64_t dim,
                int64_t pdim, float factor) {
-  std::fill(tile, tile + kTile * pdim, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < dim; ++c) tile[r * pdim + c] = factor * src[r * stride + c];
+  for (int64_t r = 0; r < kTile; ++r) {
+    float* row = tile + r * pdim;
+    const int64_t filled = r < rows ? dim : 0;
+    for (int64_t c = 0; c < filled; ++c) row[c] = factor * src[r * stride + c];
+    std::fill(row + filled, row + pdim, 0.0f);
   }
 }
 
 // tile[c][r] = src[r·stride + c], the transposed layout [pdim][kTile], zero-padded.
 void load_columns(float* tile, const float* src, int64_t stride, int64_t rows, int64_t dim,
                   int64_t pdim) {
-  std::fill(tile, tile + pdim * kTile, 0.0f);
+  if (rows < kTile || dim < pdim) std::fill(tile, tile + pdim * kTile, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < dim; ++c) tile[c * kTile + r] = src[r * stride + c];
   }
@@ -106,16 +108,17 @@ void load_columns(float* tile, const float* src, int64_t stride, int64_t rows, i
 // read as Vec8 directly.
 typedef float Vec8 __attribute__((vector_size(32), may_alias));
 
-// c[i][j] += Σ_p a(i, p) · b[p][j] for i < kTile, j < n (a multiple of 16), p < k, where
+// c[i][j] (+)= Σ_p a(i, p) · b[p][j] for i < kTile, j < n (a multiple of 16), p < k, where
 // a(i, p) = a[i·a_row + p·a_col]: (a_row, a_col) = (k, 1) reads a as [kTile][k], and
-// (1, kTile) reads it transposed from [k][kTile].
+// (1, kTile) reads it transposed from [k][kTile]. Adds to c when accumulate is set,
+// overwrites it otherwise.
 ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, int64_t a_col,
-                                     const float* b, int64_t n, int64_t k) {
+                                     const float* b, int64_t n, int64_t k, bool accumulate) {
   constexpr int64_t kRows = 4;
   for (int64_t i0 = 0; i0 < kTile; i0 += kRows) {
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      Vec8 acc[kRows][2];
-      for (int64_t r = 0; r < kRows; ++r) {
+      Vec8 acc[kRows][2] = {};
+      for (int64_t r = 0; r < kRows && accumulate; ++r) {
         const Vec8* c_row = reinterpret_cast<const Vec8*>(c + (i0 + r) * n + j0);
         acc[r][0] = c_row[0];
         acc[r][1] = c_row[1];
@@ -146,8 +149,8 @@ int64_t visible_keys(int64_t query, int64_t key0, int64_t key_rows) {
 // probabilities relative to the new running max, running sums are updated, and rows of the
 // output accumulator are rescaled by exp(old max − new max).
 ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float* row_max,
-                                             float* row_sum, int64_t q0, int64_t q_rows,
-                                             int64_t k0, int64_t k_rows, int64_t pdim) {
+                                             float* row_sum, int64_t q0, int64_t q_rows, int64_t k0,
+                                             int64_t k_rows, int64_t pdim) {
   constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = scores + i * kTile;
@@ -156,21 +159,23 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
       std::fill(p, p + kTile, 0.0f);
       continue;
     }
-    // Loops below compute every lane and then select, so that they vectorise.
+    // The loops compute every lane and select with masks (cpu_common.h), so they vectorise.
     float tile_max = kMinusInfinity;
 #pragma omp simd reduction(max : tile_max)
     for (int64_t j = 0; j < kTile; ++j) {
       const float score = p[j];
-      tile_max = cpu::vector_max(tile_max, j < visible ? score : kMinusInfinity);
+      tile_max =
+          cpu::vector_max(tile_max, cpu::select(cpu::mask_if(j < visible), score, kMinusInfinity));
     }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < kTile; ++j) {
-      const float value = cpu::fast_exp(p[j] - new_max);
-      p[j] = j < visible ? value : 0.0f;
-      sum += p[j];
+      const float value =
+          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
+      p[j] = value;
+      sum += value;
     }
     row_sum[i] = row_sum[i] * correction + sum;
     row_max[i] = new_max;
@@ -192,9 +197,10 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
     const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
     for (int64_t j = 0; j < kTile; ++j) {
-      const float prob = cpu::fast_exp(p[j] - row_lse);
-      p[j] = j < visible ? prob : 0.0f;
-      dp[j] = p[j] * (dp[j] - row_d);
+      const float prob =
+          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
+      p[j] = prob;
+      dp[j] = prob * (dp[j] - row_d);
     }
   }
 }
@@ -210,8 +216,8 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
   // Per thread: q, kᵀ, v and output tiles, the score tile, running max and sum.
   const int64_t per_thread = 4 * kTile * pdim + kTile * kTile + 2 * kTile;
   const int threads = omp_get_max_threads();
-  Buffer scratch = alloc(MemCategory::attention, DType::f32, {threads, per_thread},
-                         "attention_forward scratch");
+  Buffer scratch =
+      alloc(MemCategory::attention, DType::f32, {threads, per_thread}, "attention_forward scratch");
 
   const float* q_data = q.f32();
   const float* k_data = k.f32();
@@ -254,10 +260,9 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
         const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
         load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
         load_rows(v_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
-        std::fill(scores, scores + kTile * kTile, 0.0f);
-        tile_matmul(scores, q_tile, pdim, 1, kt_tile, kTile, pdim);
+        tile_matmul(scores, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
         online_softmax_tile(scores, o_tile, row_max, row_sum, q0, q_rows, k0, k_rows, pdim);
-        tile_matmul(o_tile, scores, kTile, 1, v_tile, pdim, kTile);
+        tile_matmul(o_tile, scores, kTile, 1, v_tile, pdim, kTile, true);
       }
 
       for (int64_t i = 0; i < q_rows; ++i) {
@@ -363,12 +368,10 @@ void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Te
         load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
         load_columns(vt_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
         load_rows(k_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
-        std::fill(probs, probs + kTile * kTile, 0.0f);
-        std::fill(dprobs, dprobs + kTile * kTile, 0.0f);
-        tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim);
-        tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim);
+        tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
+        tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
         softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
-        tile_matmul(dq_tile, dprobs, kTile, 1, k_tile, pdim, kTile);
+        tile_matmul(dq_tile, dprobs, kTile, 1, k_tile, pdim, kTile, true);
       }
 
       for (int64_t i = 0; i < q_rows; ++i) {
@@ -423,13 +426,11 @@ void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Te
           std::fill(tile_d, tile_d + kTile, 0.0f);
           std::copy(lse_data + row_offset, lse_data + row_offset + q_rows, tile_lse);
           std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
-          std::fill(probs, probs + kTile * kTile, 0.0f);
-          std::fill(dprobs, dprobs + kTile * kTile, 0.0f);
-          tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim);
-          tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim);
+          tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
+          tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
           softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
-          tile_matmul(dv_tile, probs, 1, kTile, do_tile, pdim, kTile);
-          tile_matmul(dk_tile, dprobs, 1, kTile, q_tile, pdim, kTile);
+          tile_matmul(dv_tile, probs, 1, kTile, do_tile, pdim, kTile, true);
+          tile_matmul(dk_tile, dprobs, 1, kTile, q_tile, pdim, kTile, true);
         }
       }
 

@@ -32,11 +32,14 @@ void* CpuBackend::raw_alloc(size_t bytes) {
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
   void* pointer = std::aligned_alloc(kAlignment, rounded);
-  if (!pointer) throw OutOfMemoryError("cpu: allocation of " + format_bytes(int64_t(bytes)) + " failed");
+  if (!pointer)
+    throw OutOfMemoryError("cpu: allocation of " + format_bytes(int64_t(bytes)) + " failed");
   return pointer;
 }
 
-void CpuBackend::raw_free(void* pointer) { std::free(pointer); }
+void CpuBackend::raw_free(void* pointer) {
+  std::free(pointer);
+}
 
 // ---- data movement -----------------------------------------------------------------------
 
@@ -67,7 +70,9 @@ uint16_t f32_to_bf16(float value) {
   return uint16_t((bits + rounding) >> 16);
 }
 
-float bf16_to_f32(uint16_t value) { return std::bit_cast<float>(uint32_t(value) << 16); }
+float bf16_to_f32(uint16_t value) {
+  return std::bit_cast<float>(uint32_t(value) << 16);
+}
 
 }  // namespace
 
@@ -105,7 +110,8 @@ void CpuBackend::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t 
   }
   char* out = static_cast<char*>(dst);
   const char* in = static_cast<const char*>(src);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * dst_pitch, in + r * src_pitch, row_bytes);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out + r * dst_pitch, in + r * src_pitch, row_bytes);
 }
 
 // ---- elementwise -------------------------------------------------------------------------
@@ -151,8 +157,8 @@ double CpuBackend::sum_squares(const Tensor& x) {
 
 // ---- GEMM --------------------------------------------------------------------------------
 
-void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                      const Tensor& c, float alpha, float beta) {
+void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                      float alpha, float beta) {
   require_f32(a, "gemm", "a");
   require_f32(b, "gemm", "b");
   require_f32(c, "gemm", "c");

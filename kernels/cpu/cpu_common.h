@@ -13,15 +13,17 @@ namespace ulysses::cpu {
 
 inline void require_f32(const Tensor& t, const char* op, const char* name) {
   if (t.dtype != DType::f32 || t.data == nullptr) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " must be a non-empty f32 tensor (got " +
-                                dtype_name(t.dtype) + " " + t.shape_string() + ")");
+    throw std::invalid_argument(std::string(op) + ": " + name +
+                                " must be a non-empty f32 tensor (got " + dtype_name(t.dtype) +
+                                " " + t.shape_string() + ")");
   }
 }
 
 inline void require_i32(const Tensor& t, const char* op, const char* name) {
   if (t.dtype != DType::i32 || t.data == nullptr) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " must be a non-empty i32 tensor (got " +
-                                dtype_name(t.dtype) + " " + t.shape_string() + ")");
+    throw std::invalid_argument(std::string(op) + ": " + name +
+                                " must be a non-empty i32 tensor (got " + dtype_name(t.dtype) +
+                                " " + t.shape_string() + ")");
   }
 }
 
@@ -35,8 +37,8 @@ inline void require_numel(const Tensor& t, int64_t numel, const char* op, const 
 
 inline void require_ndim(const Tensor& t, int ndim, const char* op, const char* name) {
   if (t.ndim != ndim) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() + " must be " +
-                                std::to_string(ndim) + "-D");
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
+                                " must be " + std::to_string(ndim) + "-D");
   }
 }
 
@@ -53,14 +55,23 @@ inline int64_t rows_of(const Tensor& t, int64_t width, const char* op, const cha
 // -ftrapping-math a floating-point compare keeps a loop from vectorising; these become
 // plain vector subtract/and/or instructions.
 // All ones when a < b, else zero (for ordered operands whose difference is not -0).
-inline int32_t less_mask(float a, float b) { return std::bit_cast<int32_t>(a - b) >> 31; }
+inline int32_t less_mask(float a, float b) {
+  return std::bit_cast<int32_t>(a - b) >> 31;
+}
 
 inline float select(int32_t mask, float if_set, float if_clear) {
   return std::bit_cast<float>((std::bit_cast<int32_t>(if_set) & mask) |
                               (std::bit_cast<int32_t>(if_clear) & ~mask));
 }
 
-inline float vector_max(float a, float b) { return select(less_mask(a, b), b, a); }
+// All ones when the condition holds, else zero.
+inline int32_t mask_if(bool condition) {
+  return -int32_t(condition);
+}
+
+inline float vector_max(float a, float b) {
+  return select(less_mask(a, b), b, a);
+}
 
 // exp(x) in float to within about 1e-7 relative, written without calls, branches or
 // floating-point compares so that loops over it vectorise (std::exp does not without

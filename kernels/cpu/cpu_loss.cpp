@@ -36,8 +36,8 @@ LossResult CpuBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
   std::vector<int64_t> counted;
   for (int64_t r = 0; r < rows; ++r) {
     if (target_ids[r] >= vocab) {
-      throw std::out_of_range("lm_head_loss: target " + std::to_string(target_ids[r]) +
-                              " at row " + std::to_string(r) + " is outside the vocabulary [0, " +
+      throw std::out_of_range("lm_head_loss: target " + std::to_string(target_ids[r]) + " at row " +
+                              std::to_string(r) + " is outside the vocabulary [0, " +
                               std::to_string(vocab) + ")");
     }
     if (target_ids[r] >= 0) counted.push_back(r);
@@ -49,7 +49,8 @@ LossResult CpuBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
 
   const int64_t tile = std::min(tile_rows, result.count);
   Buffer logits = alloc(MemCategory::workspace, DType::f32, {tile, vocab}, "lm_head_loss logits");
-  Buffer hidden_tile = alloc(MemCategory::workspace, DType::f32, {tile, width}, "lm_head_loss hidden");
+  Buffer hidden_tile =
+      alloc(MemCategory::workspace, DType::f32, {tile, width}, "lm_head_loss hidden");
   Buffer dhidden_tile;
   if (with_grad)
     dhidden_tile = alloc(MemCategory::workspace, DType::f32, {tile, width}, "lm_head_loss dhidden");

@@ -83,6 +83,10 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const
   const float* g = dout.f32();
   const float* rs = rstd.f32();
   float* dxp = dx.f32();
+  // Weight gradients first, so that dx may be the same buffer as dout.
+  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
+    return double(g[r * width + j]) * double(in[r * width + j]) * double(rs[r]);
+  });
   // out_j = x_j r w_j with r = (mean(x²) + eps)^(-1/2), dr/dx_j = -r³ x_j / C, so
   // dx_j = r w_j g_j - (r³ / C) x_j Σ_i g_i w_i x_i.
 #pragma omp parallel for schedule(static)
@@ -99,9 +103,6 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const
     for (int64_t j = 0; j < width; ++j)
       dx_row[j] += row_rstd_f * w[j] * grow[j] - coefficient * row[j];
   }
-  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
-    return double(g[r * width + j]) * double(in[r * width + j]) * double(rs[r]);
-  });
 }
 
 void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
@@ -175,6 +176,12 @@ void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, con
   const float* mu = mean.f32();
   const float* rs = rstd.f32();
   float* dxp = dx.f32();
+  // Weight and bias gradients first, so that dx may be the same buffer as dout.
+  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
+    return double(g[r * width + j]) * (double(in[r * width + j]) - double(mu[r])) * double(rs[r]);
+  });
+  add_column_sums(dbias.f32(), width, rows,
+                  [&](int64_t r, int64_t j) { return double(g[r * width + j]); });
   // With x̂ = (x - mean) r and ĝ = g w: dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)).
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -196,11 +203,6 @@ void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, con
       dx_row[j] += row_rstd * (grow[j] * w[j] - mean_g - xhat * mean_g_xhat);
     }
   }
-  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
-    return double(g[r * width + j]) * (double(in[r * width + j]) - double(mu[r])) * double(rs[r]);
-  });
-  add_column_sums(dbias.f32(), width, rows,
-                  [&](int64_t r, int64_t j) { return double(g[r * width + j]); });
 }
 
 }  // namespace ulysses

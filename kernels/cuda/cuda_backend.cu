@@ -1,22 +1,440 @@
-#include "kernels/cuda/cuda_backend.h"
-
-#include <cuda_runtime.h>
-
+// CudaBackend: device selection, memory, data movement, elementwise helpers, bias, AdamW and
+// the deterministic column reductions that weight gradients use.
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cub/block/block_reduce.cuh>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend_impl.cuh"
+#include "kernels/cuda/cuda_column_sums.cuh"
 
 namespace ulysses {
 
-std::unique_ptr<Backend> make_cuda_backend(int64_t) {
+using cuda::bf16;
+using cuda::check_cuda;
+using cuda::check_launch;
+using cuda::dispatch_float;
+using cuda::from_float;
+using cuda::kThreads;
+using cuda::to_float;
+
+AttentionKind parse_attention_kind(const std::string& name) {
+  if (name == "native") return AttentionKind::native;
+  if (name == "cudnn") return AttentionKind::cudnn;
+  throw std::invalid_argument("kernels.attention: unknown value '" + name +
+                              "' (allowed: native, cudnn)");
+}
+
+namespace {
+
+// The node-local rank that launchers export, so that each rank of a node takes its own GPU.
+int node_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return 0;
+}
+
+// Device memory that cuBLASLt, NCCL and the CUDA context take outside the tracker: an
+// automatic limit leaves it free so that a run near the limit fails with our error.
+constexpr int64_t kUntrackedReserveBytes = int64_t(512) << 20;
+constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;
+
+CudaBackend& as_cuda(Backend& backend, const char* what) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda_backend)
+    throw std::invalid_argument(std::string(what) + ": backend '" + backend.name() +
+                                "' is not the cuda backend");
+  return *cuda_backend;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int64_t memory_limit_bytes, AttentionKind attention) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
     throw std::runtime_error(std::string("no CUDA device: ") +
-                             (status != cudaSuccess ? cudaGetErrorString(status)
-                                                    : "no GPU found"));
+                             (status != cudaSuccess ? cudaGetErrorString(status) : "no GPU found"));
   }
-  throw std::runtime_error("the CUDA backend's ops are not implemented yet");
+  return std::make_unique<CudaBackend>(node_local_rank() % count, memory_limit_bytes, attention);
+}
+
+void* cuda_backend_stream(Backend& backend) {
+  return as_cuda(backend, "cuda_backend_stream").stream();
+}
+
+int cuda_backend_device(Backend& backend) {
+  return as_cuda(backend, "cuda_backend_device").device();
+}
+
+CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind attention)
+    : Backend(memory_limit_bytes), device_(device) {
+  if (attention == AttentionKind::cudnn)
+    throw std::runtime_error(
+        "kernels.attention: cudnn is not available: this build does not implement the cuDNN "
+        "fused SDPA graph yet; use kernels.attention: native");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  if (memory_limit_bytes == 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    memory().set_limit(std::max<int64_t>(int64_t(free_bytes) - kUntrackedReserveBytes, 1));
+  }
+  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  cublasStatus_t lt_status = cublasLtCreate(&lt_);
+  if (lt_status != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(stream_);
+    throw std::runtime_error(std::string("cuda: cublasLtCreate failed: ") +
+                             cublasLtGetStatusString(lt_status));
+  }
+  gemm_workspace_ =
+      alloc(MemCategory::workspace, DType::i32, {kGemmWorkspaceBytes / 4}, "cuBLASLt workspace");
+}
+
+CudaBackend::~CudaBackend() {
+  // Destructors cannot throw: statuses are ignored on the way out.
+  cudaStreamSynchronize(stream_);
+  for (auto& [key, plan] : gemm_plans_) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.c);
+    cublasLtMatmulDescDestroy(plan.desc);
+  }
+  gemm_workspace_.reset();
+  cudaStreamSynchronize(stream_);
+  cublasLtDestroy(lt_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::set_num_threads(int threads) {
+  if (threads < 1) throw std::invalid_argument("set_num_threads: threads must be >= 1");
+}
+
+// ---- memory ------------------------------------------------------------------------------
+
+void* CudaBackend::raw_alloc(size_t bytes) {
+  // Stream-ordered allocation: the many short-lived workspace buffers of the ops neither
+  // synchronise the device (cudaFree would) nor go back to the driver each time. A zero-byte
+  // request still gets a distinct pointer so that an empty tensor is not a missing one.
+  void* pointer = nullptr;
+  cudaError_t status = cudaMallocAsync(&pointer, bytes == 0 ? 256 : bytes, stream_);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw OutOfMemoryError("cuda: device allocation of " + format_bytes(int64_t(bytes)) +
+                           " failed (the device is full; tracked: " + memory().describe_current() +
+                           ")");
+  }
+  check_cuda(status, "cudaMallocAsync");
+  return pointer;
+}
+
+void CudaBackend::raw_free(void* pointer) {
+  check_cuda(cudaFreeAsync(pointer, stream_), "cudaFreeAsync");
+}
+
+// ---- data movement -----------------------------------------------------------------------
+
+void CudaBackend::upload(const Tensor& dst, const void* host_src) {
+  if (dst.bytes() == 0) return;
+  check_cuda(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, stream_),
+             "upload (cudaMemcpyAsync)");
+  // The caller may reuse its host memory as soon as this returns.
+  check_cuda(cudaStreamSynchronize(stream_), "upload (synchronize)");
+}
+
+void CudaBackend::download(void* host_dst, const Tensor& src) {
+  if (src.bytes() == 0) return;
+  check_cuda(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_),
+             "download (cudaMemcpyAsync)");
+  check_cuda(cudaStreamSynchronize(stream_), "download (synchronize)");
+}
+
+void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel())
+    throw std::invalid_argument("copy: dst " + cuda::describe(dst) + " and src " +
+                                cuda::describe(src) + " differ in type or element count");
+  if (dst.bytes() == 0 || dst.data == src.data) return;
+  check_cuda(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_),
+             "copy (cudaMemcpyAsync)");
+}
+
+void CudaBackend::fill_zero(const Tensor& dst) {
+  if (dst.bytes() == 0) return;
+  check_cuda(cudaMemsetAsync(dst.data, 0, dst.bytes(), stream_), "fill_zero (cudaMemsetAsync)");
+}
+
+void CudaBackend::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                          int64_t row_bytes, int64_t rows) {
+  if (row_bytes < 0 || rows < 0 || (rows > 1 && (dst_pitch < row_bytes || src_pitch < row_bytes)))
+    throw std::invalid_argument("copy_2d: pitches must be at least row_bytes (" +
+                                std::to_string(row_bytes) + "), got dst " +
+                                std::to_string(dst_pitch) + " src " + std::to_string(src_pitch));
+  if (row_bytes == 0 || rows == 0) return;
+  if (rows == 1) {
+    check_cuda(cudaMemcpyAsync(dst, src, size_t(row_bytes), cudaMemcpyDeviceToDevice, stream_),
+               "copy_2d (cudaMemcpyAsync)");
+    return;
+  }
+  check_cuda(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(row_bytes),
+                               size_t(rows), cudaMemcpyDeviceToDevice, stream_),
+             "copy_2d (cudaMemcpy2DAsync)");
+}
+
+void CudaBackend::synchronize() {
+  check_cuda(cudaStreamSynchronize(stream_), "synchronize");
+}
+
+// ---- elementwise -------------------------------------------------------------------------
+
+namespace {
+
+template <typename In, typename Out>
+__global__ void cast_kernel(Out* out, const In* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_float<Out>(to_float(in[i]));
+}
+
+template <typename TY, typename TX>
+__global__ void axpy_kernel(TY* y, const TX* x, float alpha, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_float<TY>(to_float(y[i]) + alpha * to_float(x[i]));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, float alpha, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = from_float<T>(alpha * to_float(x[i]));
+}
+
+// Partial sums of squares, one per block, over a grid-stride loop: the grid size depends
+// only on n, so every run adds in the same order.
+template <typename T>
+__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const double value = to_float(x[i]);
+    sum += value * value;
+  }
+  using Reduce = cub::BlockReduce<double, kThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  const double block_sum = Reduce(storage).Sum(sum);
+  if (threadIdx.x == 0) partial[blockIdx.x] = block_sum;
+}
+
+__global__ void sum_partials_kernel(double* total, const double* partial, int count) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
+  using Reduce = cub::BlockReduce<double, kThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  const double block_sum = Reduce(storage).Sum(sum);
+  if (threadIdx.x == 0) *total = block_sum;
+}
+
+}  // namespace
+
+void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
+  cuda::require_numel(dst, src.numel(), "cast", "dst");
+  if (dst.dtype == src.dtype) {
+    copy(dst, src);
+    return;
+  }
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (src.dtype == DType::f32 && dst.dtype == DType::bf16) {
+    cast_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
+        static_cast<bf16*>(dst.data), static_cast<const float*>(src.data), n);
+  } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
+    cast_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
+        static_cast<float*>(dst.data), static_cast<const bf16*>(src.data), n);
+  } else {
+    throw std::invalid_argument(std::string("cast: unsupported ") + dtype_name(src.dtype) + " -> " +
+                                dtype_name(dst.dtype) + " (only f32 <-> bf16)");
+  }
+  check_launch("cast");
+}
+
+void CudaBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
+  cuda::require_float(y, "axpy", "y");
+  cuda::require_float(x, "axpy", "x");
+  cuda::require_numel(x, y.numel(), "axpy", "x");
+  if (y.dtype == DType::bf16 && x.dtype == DType::f32)
+    throw std::invalid_argument("axpy: y " + cuda::describe(y) + " is bf16 but x " +
+                                cuda::describe(x) +
+                                " is f32 (supported: same dtypes, or f32 y "
+                                "with bf16 x)");
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  dispatch_float(y, "axpy", [&](auto y_tag) {
+    using TY = decltype(y_tag);
+    dispatch_float(x, "axpy", [&](auto x_tag) {
+      using TX = decltype(x_tag);
+      axpy_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
+          static_cast<TY*>(y.data), static_cast<const TX*>(x.data), alpha, n);
+    });
+  });
+  check_launch("axpy");
+}
+
+void CudaBackend::scale(const Tensor& x, float alpha) {
+  cuda::require_float(x, "scale", "x");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float(x, "scale", [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(static_cast<T*>(x.data), alpha, n);
+  });
+  check_launch("scale");
+}
+
+double CudaBackend::sum_squares(const Tensor& x) {
+  cuda::require_float(x, "sum_squares", "x");
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  const int blocks = int(std::min<int64_t>(1024, (n + kThreads - 1) / kThreads));
+  Buffer partial =
+      alloc(MemCategory::workspace, DType::f32, {2 * (blocks + 1)}, "sum_squares partials");
+  double* partial_data = static_cast<double*>(partial.tensor().data);
+  dispatch_float(x, "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    sum_squares_partial_kernel<<<blocks, kThreads, 0, stream_>>>(partial_data,
+                                                                 static_cast<const T*>(x.data), n);
+  });
+  check_launch("sum_squares");
+  sum_partials_kernel<<<1, kThreads, 0, stream_>>>(partial_data + blocks, partial_data, blocks);
+  check_launch("sum_squares");
+  double total = 0.0;
+  check_cuda(cudaMemcpyAsync(&total, partial_data + blocks, sizeof(double), cudaMemcpyDeviceToHost,
+                             stream_),
+             "sum_squares (cudaMemcpyAsync)");
+  check_cuda(cudaStreamSynchronize(stream_), "sum_squares (synchronize)");
+  return total;
+}
+
+// ---- bias --------------------------------------------------------------------------------
+
+namespace {
+
+template <typename T, typename TB>
+__global__ void bias_forward_kernel(T* out, const TB* bias, int64_t rows, int64_t width) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_float<T>(to_float(out[i]) + to_float(bias[i % width]));
+}
+
+}  // namespace
+
+void CudaBackend::bias_forward(const Tensor& out, const Tensor& bias) {
+  cuda::require_float(out, "bias_forward", "out");
+  cuda::require_float(bias, "bias_forward", "bias");
+  const int64_t width = bias.numel();
+  const int64_t rows = cuda::rows_of(out, width, "bias_forward", "out");
+  if (rows == 0) return;
+  dispatch_float(out, "bias_forward", [&](auto out_tag) {
+    using T = decltype(out_tag);
+    dispatch_float(bias, "bias_forward", [&](auto bias_tag) {
+      using TB = decltype(bias_tag);
+      bias_forward_kernel<<<cuda::blocks_for(rows * width), kThreads, 0, stream_>>>(
+          static_cast<T*>(out.data), static_cast<const TB*>(bias.data), rows, width);
+    });
+  });
+  check_launch("bias_forward");
+}
+
+CudaBackend::ColumnChunks CudaBackend::column_chunks(int64_t rows) {
+  // At most 1024 partial rows: the scratch stays [1024, width] however long the sequence.
+  const int64_t rows_per_chunk = std::max<int64_t>(64, (rows + 1023) / 1024);
+  return {rows_per_chunk, std::max<int64_t>(1, (rows + rows_per_chunk - 1) / rows_per_chunk)};
+}
+
+void CudaBackend::reduce_columns(float* dst, const float* parts, int64_t rows, int64_t width) {
+  cuda::add_column_partials_kernel<<<cuda::blocks_for(width), kThreads, 0, stream_>>>(dst, parts,
+                                                                                      rows, width);
+  check_launch("column reduction");
+}
+
+void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  cuda::require_dtype(dbias, DType::f32, "bias_backward", "dbias");
+  cuda::require_float(dout, "bias_backward", "dout");
+  const int64_t width = dbias.numel();
+  const int64_t rows = cuda::rows_of(dout, width, "bias_backward", "dout");
+  if (rows == 0) return;
+  const ColumnChunks chunks = column_chunks(rows);
+  Buffer parts = alloc(MemCategory::workspace, DType::f32, {chunks.chunks, width},
+                       "bias_backward partial sums");
+  const dim3 grid(cuda::blocks_for(width), unsigned(chunks.chunks));
+  dispatch_float(dout, "bias_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::column_partials_kernel<cuda::ColumnTerm::value, T>
+        <<<grid, kThreads, 0, stream_>>>(parts.f32(), static_cast<const T*>(dout.data), nullptr,
+                                         nullptr, nullptr, rows, width, chunks.rows_per_chunk);
+  });
+  check_launch("bias_backward");
+  reduce_columns(dbias.f32(), parts.f32(), chunks.chunks, width);
+}
+
+// ---- optimizer ---------------------------------------------------------------------------
+
+namespace {
+
+struct AdamWScalars {
+  float decay, step_size, bias_correction2_sqrt, beta1, beta2, one_minus_beta1, one_minus_beta2,
+      eps, grad_scale;
+};
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, AdamWScalars s,
+                             int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = s.grad_scale * grad[i];
+    float p = param[i] * s.decay;
+    const float m_new = s.beta1 * m[i] + s.one_minus_beta1 * g;
+    const float v_new = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
+    const float denom = sqrtf(v_new) / s.bias_correction2_sqrt + s.eps;
+    p -= s.step_size * (m_new / denom);
+    m[i] = m_new;
+    v[i] = v_new;
+    param[i] = p;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                        const AdamWStep& step) {
+  cuda::require_dtype(param, DType::f32, "adamw", "param");
+  cuda::require_dtype(grad, DType::f32, "adamw", "grad");
+  cuda::require_dtype(m, DType::f32, "adamw", "m");
+  cuda::require_dtype(v, DType::f32, "adamw", "v");
+  const int64_t n = param.numel();
+  cuda::require_numel(grad, n, "adamw", "grad");
+  cuda::require_numel(m, n, "adamw", "m");
+  cuda::require_numel(v, n, "adamw", "v");
+  if (step.step < 1) throw std::invalid_argument("adamw: step must be >= 1 (1-based)");
+  if (n == 0) return;
+  // The scalars are formed exactly as the cpu backend forms them (PyTorch semantics).
+  const double bias_correction1 = 1.0 - std::pow(double(step.beta1), double(step.step));
+  const double bias_correction2 = 1.0 - std::pow(double(step.beta2), double(step.step));
+  AdamWScalars s;
+  s.decay = float(1.0 - double(step.lr) * double(step.weight_decay));
+  s.step_size = float(double(step.lr) / bias_correction1);
+  s.bias_correction2_sqrt = float(std::sqrt(bias_correction2));
+  s.beta1 = step.beta1;
+  s.beta2 = step.beta2;
+  s.one_minus_beta1 = float(1.0 - double(step.beta1));
+  s.one_minus_beta2 = float(1.0 - double(step.beta2));
+  s.eps = step.eps;
+  s.grad_scale = step.grad_scale;
+  adamw_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(param.f32(), grad.f32(), m.f32(),
+                                                              v.f32(), s, n);
+  check_launch("adamw");
 }
 
 }  // namespace ulysses

@@ -255,9 +255,9 @@ TEST_P(Collectives, BarrierCountsACall) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CallSizes, Collectives, ::testing::Values(int64_t(INT_MAX), int64_t(3)),
-                         [](const ::testing::TestParamInfo<int64_t>& info) {
-                           return info.param == INT_MAX ? std::string("Whole")
-                                                        : std::string("SplitIntoPiecesOf3");
+                         [](const ::testing::TestParamInfo<int64_t>& call_size) {
+                           return call_size.param == INT_MAX ? std::string("Whole")
+                                                             : std::string("SplitIntoPiecesOf3");
                          });
 
 TEST_F(MpiTest, MisuseIsRejectedBeforeAnyCollective) {

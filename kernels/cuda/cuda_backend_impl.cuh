@@ -1,0 +1,112 @@
+// CudaBackend: the class behind make_cuda_backend, shared by the backend's .cu files.
+// Every op runs on one stream (stream()); download and synchronize wait for it.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <tuple>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace ulysses {
+
+class CudaBackend final : public Backend {
+ public:
+  // attention = cudnn throws: the cuDNN SDPA graph is not implemented yet.
+  CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind attention);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  DType compute_dtype() const override { return DType::bf16; }
+  void set_num_threads(int threads) override;
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+
+  void* raw_alloc(size_t bytes) override;
+  void raw_free(void* pointer) override;
+
+  void upload(const Tensor& dst, const void* host_src) override;
+  void download(void* host_dst, const Tensor& src) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void fill_zero(const Tensor& dst) override;
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows) override;
+  void synchronize() override;
+
+  void axpy(const Tensor& y, const Tensor& x, float alpha) override;
+  void scale(const Tensor& x, float alpha) override;
+  double sum_squares(const Tensor& x) override;
+
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+            float alpha, float beta) override;
+  void bias_forward(const Tensor& out, const Tensor& bias) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, int64_t pos_offset) override;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, int64_t pos_offset) override;
+
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       float eps) override;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& weight, const Tensor& bias, float eps) override;
+  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) override;
+
+  void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override;
+  void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                       const Tensor& gate, const Tensor& up) override;
+  void gelu_forward(const Tensor& out, const Tensor& x) override;
+  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v) override;
+  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse) override;
+
+  LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                          int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                          const Tensor& dweight) override;
+
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const AdamWStep& step) override;
+
+ private:
+  // dst[j] += sum over rows of parts[rows, width], column by column in row order.
+  void reduce_columns(float* dst, const float* parts, int64_t rows, int64_t width);
+  // Rows per partial sum and the number of partial sums for a column reduction over rows.
+  struct ColumnChunks {
+    int64_t rows_per_chunk, chunks;
+  };
+  static ColumnChunks column_chunks(int64_t rows);
+
+  // A cached cuBLASLt plan for one GEMM shape, dtype combination and pointer alignment.
+  struct GemmPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  // (a/b dtype, c dtype, pointer alignment, trans_a, trans_b, m, n, k, lda, ldb)
+  using GemmKey =
+      std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  const GemmPlan& gemm_plan(const GemmKey& key);
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  Buffer gemm_workspace_;
+  std::map<GemmKey, GemmPlan> gemm_plans_;
+};
+
+}  // namespace ulysses

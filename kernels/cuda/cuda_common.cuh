@@ -1,0 +1,115 @@
+// Helpers shared by the CUDA backend's sources: status checks that throw, dtype checks that
+// name the op and tensor, element conversions and launch sizes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/tensor.h"
+
+namespace ulysses::cuda {
+
+using bf16 = __nv_bfloat16;
+
+inline void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string("cuda: ") + what + " failed: " + cudaGetErrorName(status) +
+                             " (" + cudaGetErrorString(status) + ")");
+}
+
+// After a kernel launch: reports bad launch configurations at the op that caused them.
+inline void check_launch(const char* op) {
+  check_cuda(cudaGetLastError(), op);
+}
+
+inline std::string describe(const Tensor& t) {
+  return std::string(dtype_name(t.dtype)) + " " + t.shape_string();
+}
+
+inline void require_dtype(const Tensor& t, DType dtype, const char* op, const char* name) {
+  if (t.dtype != dtype || t.data == nullptr)
+    throw std::invalid_argument(std::string(op) + ": " + name + " must be a non-empty " +
+                                dtype_name(dtype) + " tensor on the cuda backend (got " +
+                                describe(t) + ")");
+}
+
+// Activations and compute-copy weights: f32 or bf16 (the model uses bf16; tests may use f32).
+inline void require_float(const Tensor& t, const char* op, const char* name) {
+  if ((t.dtype != DType::f32 && t.dtype != DType::bf16) || t.data == nullptr)
+    throw std::invalid_argument(std::string(op) + ": " + name +
+                                " must be a non-empty f32 or bf16 tensor (got " + describe(t) +
+                                ")");
+}
+
+inline void require_same_dtype(const Tensor& t, const Tensor& like, const char* op,
+                               const char* name, const char* like_name) {
+  if (t.dtype != like.dtype)
+    throw std::invalid_argument(std::string(op) + ": " + name + " (" + describe(t) +
+                                ") must have the dtype of " + like_name + " (" + describe(like) +
+                                ")");
+}
+
+inline void require_numel(const Tensor& t, int64_t numel, const char* op, const char* name) {
+  if (t.numel() != numel)
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() + " has " +
+                                std::to_string(t.numel()) + " elements, expected " +
+                                std::to_string(numel));
+}
+
+inline void require_ndim(const Tensor& t, int ndim, const char* op, const char* name) {
+  if (t.ndim != ndim)
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
+                                " must be " + std::to_string(ndim) + "-D");
+}
+
+inline int64_t rows_of(const Tensor& t, int64_t width, const char* op, const char* name) {
+  if (width <= 0 || t.numel() % width != 0)
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
+                                " is not a whole number of rows of width " + std::to_string(width));
+  return t.numel() / width;
+}
+
+// Calls fn(T{}) with T = float or bf16 after the tensor's dtype.
+template <typename Fn>
+void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
+  if (t.dtype == DType::f32) {
+    fn(float{});
+  } else if (t.dtype == DType::bf16) {
+    fn(bf16{});
+  } else {
+    throw std::invalid_argument(std::string(op) + ": unsupported dtype " + dtype_name(t.dtype) +
+                                " (f32 or bf16)");
+  }
+}
+
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_float(bf16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements; capped, since the loop covers the rest.
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
+}
+
+}  // namespace ulysses::cuda

@@ -1,0 +1,321 @@
+#include "parallel/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "parallel/comm_checks.h"
+
+namespace ulysses {
+
+struct NcclComm::Native {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;   // the communicator's own
+  cudaStream_t compute = nullptr;  // the backend's, not owned
+  int device = 0;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void check_cuda(cudaError_t status, const char* call, const std::string& comm_name) {
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string(call) + " on communicator '" + comm_name +
+                             "' failed: " + cudaGetErrorString(status));
+}
+
+void check_nccl(ncclResult_t result, const char* call, const std::string& comm_name,
+                ncclComm_t comm = nullptr) {
+  if (result == ncclSuccess || result == ncclInProgress) return;
+  std::string detail = ncclGetErrorString(result);
+  if (comm) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) detail += std::string(": ") + last;
+  }
+  throw std::runtime_error(std::string(call) + " on communicator '" + comm_name +
+                           "' failed: " + detail);
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+  }
+  throw std::invalid_argument("nccl: unknown dtype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::sum ? ncclSum : ncclMax;
+}
+
+char* element_at(const Tensor& tensor, int64_t index) {
+  return static_cast<char*>(tensor.data) + index * int64_t(dtype_size(tensor.dtype));
+}
+
+// stats += (after − before) of a host communicator that did the work for us.
+void add_difference(CommStats& stats, const CommStats& before, const CommStats& after) {
+  stats.all_to_all_bytes += after.all_to_all_bytes - before.all_to_all_bytes;
+  stats.all_to_all_seconds += after.all_to_all_seconds - before.all_to_all_seconds;
+  stats.reduce_bytes += after.reduce_bytes - before.reduce_bytes;
+  stats.reduce_seconds += after.reduce_seconds - before.reduce_seconds;
+  stats.gather_bytes += after.gather_bytes - before.gather_bytes;
+  stats.gather_seconds += after.gather_seconds - before.gather_seconds;
+  stats.calls += after.calls - before.calls;
+}
+
+}  // namespace
+
+// Completion of the NCCL calls of one operation: an event on the communicator's stream.
+class NcclComm::Request final : public CommRequest {
+ public:
+  Request(const Native& native, const std::string& comm_name, double* seconds)
+      : native_(native), comm_name_(comm_name), seconds_(seconds), start_(Clock::now()) {
+    check_cuda(cudaEventCreateWithFlags(&done_event_, cudaEventDisableTiming), "cudaEventCreate",
+               comm_name_);
+  }
+
+  // A collective cannot be abandoned: a handle dropped without wait() waits.
+  ~Request() override {
+    if (!waited_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+    cudaEventDestroy(done_event_);
+  }
+
+  void record() {
+    check_cuda(cudaEventRecord(done_event_, native_.stream), "cudaEventRecord", comm_name_);
+  }
+
+  // The backend's later ops wait for the result on the device; the host waits too, so that
+  // the seconds counted are issue to completion and errors surface here.
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    check_cuda(cudaStreamWaitEvent(native_.compute, done_event_, 0), "cudaStreamWaitEvent",
+               comm_name_);
+    check_cuda(cudaEventSynchronize(done_event_), "cudaEventSynchronize", comm_name_);
+    *seconds_ += seconds_since(start_);
+    ncclResult_t async_error = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(native_.comm, &async_error), "ncclCommGetAsyncError",
+               comm_name_);
+    check_nccl(async_error, "NCCL operation", comm_name_, native_.comm);
+  }
+
+ private:
+  const Native& native_;
+  std::string comm_name_;
+  double* seconds_;
+  Clock::time_point start_;
+  cudaEvent_t done_event_ = nullptr;
+  bool waited_ = false;
+};
+
+NcclComm::NcclComm(std::unique_ptr<Comm> host_comm, Backend& backend)
+    : host_(std::move(host_comm)), native_(std::make_unique<Native>()) {
+  native_->compute = static_cast<cudaStream_t>(cuda_backend_stream(backend));
+  native_->device = cuda_backend_device(backend);
+  check_cuda(cudaSetDevice(native_->device), "cudaSetDevice", name());
+  ncclUniqueId id{};
+  if (host_->rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", name());
+  host_->broadcast_host(&id, int64_t(sizeof(id)), 0);
+  check_nccl(ncclCommInitRank(&native_->comm, host_->size(), id, host_->rank()), "ncclCommInitRank",
+             name());
+  check_cuda(cudaStreamCreateWithFlags(&native_->stream, cudaStreamNonBlocking), "cudaStreamCreate",
+             name());
+}
+
+NcclComm::NcclComm(std::unique_ptr<Comm> host_comm, std::unique_ptr<Native> native)
+    : host_(std::move(host_comm)), native_(std::move(native)) {}
+
+NcclComm::~NcclComm() {
+  // Destructors cannot throw: statuses are ignored on the way out.
+  if (native_->stream) {
+    cudaStreamSynchronize(native_->stream);
+    cudaStreamDestroy(native_->stream);
+  }
+  if (native_->comm) ncclCommDestroy(native_->comm);
+}
+
+template <typename Enqueue>
+std::unique_ptr<NcclComm::Request> NcclComm::issue(const char* operation, double* seconds,
+                                                   Enqueue enqueue) {
+  cudaEvent_t ready = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate", name());
+  cudaError_t status = cudaEventRecord(ready, native_->compute);
+  if (status == cudaSuccess) status = cudaStreamWaitEvent(native_->stream, ready, 0);
+  cudaEventDestroy(ready);  // released once the wait is satisfied
+  check_cuda(status, "ordering after the compute stream", name());
+  auto request = std::make_unique<Request>(*native_, name(), seconds);
+  check_nccl(ncclGroupStart(), "ncclGroupStart", name());
+  try {
+    enqueue();
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
+  }
+  check_nccl(ncclGroupEnd(), operation, name(), native_->comm);
+  request->record();
+  stats_.calls += 1;
+  return request;
+}
+
+// ---- all-to-all ----------------------------------------------------------------------------
+
+CommHandle NcclComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
+  check_all_to_all_args(*this, send, recv);
+  const int64_t block = send.numel() / size();
+  const ncclDataType_t type = nccl_type(send.dtype);
+  auto request = issue("all_to_all", &stats_.all_to_all_seconds, [&] {
+    for (int peer = 0; peer < size(); ++peer) {
+      check_nccl(ncclSend(element_at(send, peer * block), size_t(block), type, peer, native_->comm,
+                          native_->stream),
+                 "ncclSend", name());
+      check_nccl(ncclRecv(element_at(recv, peer * block), size_t(block), type, peer, native_->comm,
+                          native_->stream),
+                 "ncclRecv", name());
+    }
+  });
+  stats_.all_to_all_bytes += int64_t(send.bytes()) / size() * (size() - 1);
+  return request;
+}
+
+void NcclComm::all_to_all(const Tensor& send, const Tensor& recv) {
+  all_to_all_async(send, recv)->wait();
+}
+
+void NcclComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
+                            const int64_t* send_displs, const Tensor& recv,
+                            const int64_t* recv_counts, const int64_t* recv_displs) {
+  check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  const ncclDataType_t type = nccl_type(send.dtype);
+  issue("all_to_all_v", &stats_.all_to_all_seconds, [&] {
+    for (int peer = 0; peer < size(); ++peer) {
+      if (send_counts[peer] > 0)
+        check_nccl(ncclSend(element_at(send, send_displs[peer]), size_t(send_counts[peer]), type,
+                            peer, native_->comm, native_->stream),
+                   "ncclSend", name());
+      if (recv_counts[peer] > 0)
+        check_nccl(ncclRecv(element_at(recv, recv_displs[peer]), size_t(recv_counts[peer]), type,
+                            peer, native_->comm, native_->stream),
+                   "ncclRecv", name());
+    }
+  })->wait();
+  for (int peer = 0; peer < size(); ++peer)
+    if (peer != rank())
+      stats_.all_to_all_bytes += send_counts[peer] * int64_t(dtype_size(send.dtype));
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+CommHandle NcclComm::all_reduce_async(const Tensor& data, ReduceOp op) {
+  auto request = issue("all_reduce", &stats_.reduce_seconds, [&] {
+    check_nccl(ncclAllReduce(data.data, data.data, size_t(data.numel()), nccl_type(data.dtype),
+                             nccl_op(op), native_->comm, native_->stream),
+               "ncclAllReduce", name());
+  });
+  stats_.reduce_bytes += int64_t(data.bytes());
+  return request;
+}
+
+void NcclComm::all_reduce(const Tensor& data, ReduceOp op) {
+  all_reduce_async(data, op)->wait();
+}
+
+void NcclComm::all_reduce_host(double* values, int count, ReduceOp op) {
+  const CommStats before = host_->stats();
+  host_->all_reduce_host(values, count, op);
+  add_difference(stats_, before, host_->stats());
+}
+
+CommHandle NcclComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  check_reduce_scatter_args(*this, send, recv);
+  auto request = issue("reduce_scatter", &stats_.reduce_seconds, [&] {
+    check_nccl(ncclReduceScatter(send.data, recv.data, size_t(recv.numel()), nccl_type(send.dtype),
+                                 nccl_op(op), native_->comm, native_->stream),
+               "ncclReduceScatter", name());
+  });
+  stats_.reduce_bytes += int64_t(send.bytes());
+  return request;
+}
+
+void NcclComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  reduce_scatter_async(send, recv, op)->wait();
+}
+
+// ---- gathers -------------------------------------------------------------------------------
+
+CommHandle NcclComm::all_gather_async(const Tensor& send, const Tensor& recv) {
+  check_all_gather_args(*this, send, recv);
+  auto request = issue("all_gather", &stats_.gather_seconds, [&] {
+    check_nccl(ncclAllGather(send.data, recv.data, size_t(send.numel()), nccl_type(send.dtype),
+                             native_->comm, native_->stream),
+               "ncclAllGather", name());
+  });
+  stats_.gather_bytes += int64_t(send.bytes());
+  return request;
+}
+
+void NcclComm::all_gather(const Tensor& send, const Tensor& recv) {
+  all_gather_async(send, recv)->wait();
+}
+
+void NcclComm::broadcast(const Tensor& data, int root) {
+  check_root(*this, root, "broadcast");
+  issue("broadcast", &stats_.gather_seconds, [&] {
+    check_nccl(ncclBroadcast(data.data, data.data, size_t(data.numel()), nccl_type(data.dtype),
+                             root, native_->comm, native_->stream),
+               "ncclBroadcast", name());
+  })->wait();
+  stats_.gather_bytes += int64_t(data.bytes());
+}
+
+void NcclComm::broadcast_host(void* data, int64_t bytes, int root) {
+  const CommStats before = host_->stats();
+  host_->broadcast_host(data, bytes, root);
+  add_difference(stats_, before, host_->stats());
+}
+
+void NcclComm::barrier() {
+  // Device work queued before the barrier is part of what the barrier waits for.
+  check_cuda(cudaStreamSynchronize(native_->compute), "cudaStreamSynchronize", name());
+  host_->barrier();
+  stats_.calls += 1;
+}
+
+// ---- groups and failure --------------------------------------------------------------------
+
+std::unique_ptr<Comm> NcclComm::split(int color, int key, const std::string& name) {
+  std::unique_ptr<Comm> host = host_->split(color, key, name);
+  auto native = std::make_unique<Native>();
+  native->compute = native_->compute;
+  native->device = native_->device;
+  check_nccl(ncclCommSplit(native_->comm, color, key, &native->comm, nullptr), "ncclCommSplit",
+             this->name(), native_->comm);
+  check_cuda(cudaStreamCreateWithFlags(&native->stream, cudaStreamNonBlocking), "cudaStreamCreate",
+             name);
+  return std::unique_ptr<Comm>(new NcclComm(std::move(host), std::move(native)));
+}
+
+void NcclComm::abort(int exit_code) {
+  host_->abort(exit_code);
+  std::abort();  // not reached: the host communicator's abort ends the process
+}
+
+}  // namespace ulysses
