@@ -91,7 +91,11 @@ int run(const Options& options, Comm& world) {
                    config.train.checkpoint.dir);
   }
   Trainer trainer(config, *backend, mesh);
-  if (!resume_folder.empty()) trainer.resume(resume_folder);
+  if (resume_folder.empty()) {
+    trainer.load_initial_weights();
+  } else {
+    trainer.resume(resume_folder);
+  }
   if (world.rank() == 0)
     spdlog::info("{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}",
                  trainer.model().num_params(), config.train.seq_len,

@@ -57,6 +57,15 @@ json model_shape_json(const ModelConfig& m) {
           {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}};
 }
 
+// The shape keys plus what export needs to describe the model; only the shape keys must
+// match on resume (a longer-context fine-tune may change rope_theta).
+json recorded_model_json(const ModelConfig& m) {
+  json recorded = model_shape_json(m);
+  recorded["rope_theta"] = m.rope_theta;
+  recorded["norm_eps"] = m.norm_eps;
+  return recorded;
+}
+
 }  // namespace
 
 std::string checkpoint_folder_name(int64_t step) {
@@ -186,7 +195,7 @@ std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& op
                            {"note", "all randomness derives from (seed, step, sequence index)"}}},
                   {"world_size", world_.size()},
                   {"sp", config_.parallel.sp},
-                  {"model", model_shape_json(config_.model)},
+                  {"model", recorded_model_json(config_.model)},
                   {"optimizer_shards", {optimizer_name}}};
     write_file_durably(temp_path + "/" + kStateFile, state.dump(2) + "\n");
 

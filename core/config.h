@@ -28,7 +28,7 @@ struct ModelConfig {
   int max_seq_len = 0; // 0 = train.seq_len
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
-  std::string init_from;  // pretrained weights to start from (later issue)
+  std::string init_from;  // pretrained weights to start from (docs/checkpoints.md)
 
   int head_dim() const { return d_model / n_heads; }
 };

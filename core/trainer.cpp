@@ -69,18 +69,22 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
   optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train);
   if (backend.memory().planning()) return;
   model_->init_weights(train.seed);
-  if (!config.model.init_from.empty()) {
-    std::vector<float> host(size_t(model_->num_params()));
-    load_pretrained_weights(config.model.init_from, config.model, model_->table(), host);
-    backend.upload(model_->params(), host.data());
-    model_->refresh_compute_params();
-  }
   train_data_ =
       make_dataset(config.data, Split::train, train.seq_len, config.model.vocab_size, train.seed);
   if (train.eval_every > 0)
     val_data_ =
         make_dataset(config.data, Split::val, train.seq_len, config.model.vocab_size, train.seed);
   checkpointer_ = std::make_unique<Checkpointer>(config, backend, *mesh.world);
+}
+
+void Trainer::load_initial_weights() {
+  const std::string& path = config_.model.init_from;
+  if (path.empty()) return;
+  std::vector<float> host(size_t(model_->num_params()));
+  load_pretrained_weights(path, config_.model, model_->table(), host);
+  backend_.upload(model_->params(), host.data());
+  model_->refresh_compute_params();
+  if (mesh_.world->rank() == 0) spdlog::info("initial weights from {}", path);
 }
 
 void Trainer::resume(const std::string& folder) {

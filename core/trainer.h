@@ -48,6 +48,8 @@ class Trainer {
   EvalResult evaluate();
   // Continues from a checkpoint folder (weights, optimizer state, step).
   void resume(const std::string& folder);
+  // Loads model.init_from when it is set (a fresh run, not a resumed one).
+  void load_initial_weights();
   // Writes a checkpoint of the current step (train.checkpoint.dir must be set).
   std::string save_checkpoint();
   // The whole run up to train.steps with logging, metrics, periodic eval and checkpoints.

@@ -49,7 +49,7 @@ EOF
 run() {
   local name=$1 layers=$2 d=$3 heads=$4 kv=$5 ff=$6 vocab=$7 seq=$8 steps=$9
   local metrics="$WORK/$name-$seq.jsonl" log="$WORK/$name-$seq.log"
-  if timeout 150 "$BUILD/ulysses-train" --config "$WORK/bench.yaml" \
+  if timeout 150 "$BUILD/apps/ulysses-train" --config "$WORK/bench.yaml" \
       --set model.n_layers="$layers" --set model.d_model="$d" --set model.n_heads="$heads" \
       --set model.n_kv_heads="$kv" --set model.d_ff="$ff" --set model.vocab_size="$vocab" \
       --set train.seq_len="$seq" --set model.max_seq_len="$seq" --set train.steps="$steps" \
@@ -61,7 +61,7 @@ lines = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 last = lines[-1]
 print("ok", last["tokens_per_s"], last["step_ms"], last["mem_peak_bytes"]["total"])
 EOF
-  elif grep -qiE "out of memory|OutOfMemory|allocation of .* (failed|would exceed)|limit" "$log"; then
+  elif grep -qiE "out of memory|device allocation of .* failed" "$log"; then
     echo "oom 0 0 0"
   else
     echo "gpu-check: $name at $seq tokens failed (not out of memory):" >&2

@@ -223,7 +223,7 @@ TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
   // Only the signal writes a checkpoint here.
   yaml.replace(yaml.find("every: 1"), 8, "every: 0");
   testing::write_text_file(dir.file("c.yaml"), yaml);
-  auto result = run_command("timeout -s TERM 1.5 " + kTrain + " --config " + dir.file("c.yaml"));
+  auto result = run_command("timeout --preserve-status -s TERM 1.5 " + kTrain + " --config " + dir.file("c.yaml"));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   std::string found = find_latest_checkpoint(dir.file("ckpt"));
   ASSERT_FALSE(found.empty()) << result.output;
