@@ -63,12 +63,25 @@ void print_plan(const Config& config, Mesh& mesh) {
 
 int run(const Options& options, Comm& world) {
   Config config;
+  std::string config_error;
   try {
     config = load_config(options.config_path, options.overrides);
     validate_for_world(config, world.size());
   } catch (const ConfigError& error) {
-    // Every rank reaches the same verdict, so every rank exits 2 without a collective.
-    if (world.rank() == 0) spdlog::error("{}", error.what());
+    config_error = error.what();
+  }
+  // Validation needs no communication; this first collective only lets every rank learn
+  // the verdict before anyone exits, so rank 0's message is printed before mpirun tears
+  // the job down. Every rank calls it exactly once, whatever its own verdict.
+  double verdict[2] = {config_error.empty() ? 0.0 : 1.0,
+                       world.rank() == 0 && !config_error.empty() ? 1.0 : 0.0};
+  world.all_reduce_host(verdict, 2, ReduceOp::max);
+  if (verdict[0] > 0.0) {
+    bool rank0_failed = verdict[1] > 0.0;
+    if (!config_error.empty() && (world.rank() == 0 || !rank0_failed)) {
+      spdlog::error("{}", config_error);
+      spdlog::default_logger()->flush();
+    }
     return 2;
   }
   Mesh mesh = make_mesh(world, config.parallel.sp);

@@ -1,0 +1,148 @@
+// ulysses-train under real mpirun: the main job's config, errors that every rank sees
+// alike (exit 2 everywhere), and a fatal error on one rank only (the whole job ends
+// promptly with that rank's message, no rank left hanging in a collective).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/testing.h"
+
+namespace ulysses {
+namespace {
+
+using testing::run_command;
+using testing::TempDir;
+
+const std::string kTrain = ULYSSES_TRAIN_BIN;
+
+std::string mpirun(int ranks, const std::string& arguments) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 timeout 120 mpirun -np " +
+         std::to_string(ranks) + " --bind-to none " + kTrain + " " + arguments;
+}
+
+// model_extra must give n_heads (and may give n_kv_heads).
+std::string tiny_yaml(const std::string& model_extra, const std::string& parallel) {
+  return "model: {family: llama, n_layers: 1, d_model: 48" + model_extra +
+         ", d_ff: 64}\n"
+         "train: {steps: 3, batch_size: 2, seq_len: 64, seed: 3}\n"
+         "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n"
+         "parallel: {" + parallel + "}\n";
+}
+
+TEST(MpiCli, HeadsNotDivisibleBySpExitsTwoOnEveryRankNamingTheNumbers) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml(", n_heads: 6", "sp: 4"));
+  auto result = run_command(mpirun(4, "--config " + dir.file("c.yaml")));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("model.n_heads=6 is not divisible by parallel.sp=4"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("sp can be 1, 2, 3 or 6"), std::string::npos) << result.output;
+}
+
+TEST(MpiCli, SpNotDividingTheWorldExitsTwo) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml(", n_heads: 4", "sp: 3"));
+  auto result = run_command(mpirun(4, "--config " + dir.file("c.yaml")));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("parallel.sp=3"), std::string::npos) << result.output;
+}
+
+TEST(MpiCli, GqaThatCannotBeSplitOrReplicatedIsRefused) {
+  TempDir dir;
+  // 3 kv heads on sp 2: 3 % 2 != 0 and 2 % 3 != 0.
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml(", n_heads: 6, n_kv_heads: 3", "sp: 2"));
+  auto result = run_command(mpirun(2, "--config " + dir.file("c.yaml")));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("n_kv_heads=3"), std::string::npos) << result.output;
+}
+
+TEST(MpiCli, BadTokenInOneRanksSliceEndsTheWholeJobWithItsMessage) {
+  TempDir dir;
+  // One shard: every token is valid except one in the second half of the first sequence,
+  // which only rank 1 (sp = 2) reads.
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t(i % 50);
+  const int64_t seq_len = 64;
+  int32_t header[256] = {};
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = int32_t(tokens.size());
+  std::string yaml = "model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64, "
+                     "vocab_size: 100}\n"
+                     "train: {steps: 3, batch_size: 1, seq_len: " + std::to_string(seq_len) +
+                     ", seed: 3}\n"
+                     "data: {source: tokens, path: " + dir.file("shard.bin") +
+                     ", val_fraction: 0.1}\n"
+                     "parallel: {sp: 2}\n";
+  testing::write_text_file(dir.file("c.yaml"), yaml);
+  // The first sequence read is a shuffled window; poison every window's second half.
+  for (size_t start = 0; start + seq_len < tokens.size(); start += seq_len)
+    tokens[start + seq_len / 2 + 5] = 4242;
+  {
+    std::ofstream out(dir.file("shard.bin"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  }
+  auto result = run_command(mpirun(2, "--config " + dir.file("c.yaml")));
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.exit_code, 124) << "the job hung until the timeout:\n" << result.output;
+  EXPECT_NE(result.output.find("[rank 1]"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("4242"), std::string::npos) << result.output;
+}
+
+TEST(MpiCli, SequenceParallelRunWritesCommunicationMetrics) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"),
+                           tiny_yaml(", n_heads: 4", "sp: 2") + "log: {metrics_file: " + dir.file("m.jsonl") +
+                               "}\n");
+  auto result = run_command(mpirun(4, "--config " + dir.file("c.yaml")));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("dp 2 x sp 2"), std::string::npos) << result.output;
+  std::ifstream in(dir.file("m.jsonl"));
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    auto json = nlohmann::json::parse(line);
+    ++steps;
+    EXPECT_GT(json["all_to_all_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(json["grad_comm_bytes"].get<int64_t>(), 0);
+    EXPECT_GE(json["all_to_all_s"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(steps, 3);
+}
+
+TEST(MpiCli, ResumeUnderMpirunContinuesWithTheSameLosses) {
+  TempDir dir;
+  auto yaml = [&](const std::string& name) {
+    return std::string("model: {family: gpt2, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n") +
+           "train: {steps: 4, batch_size: 1, seq_len: 64, seed: 3, checkpoint: {dir: " +
+           dir.file(name + "_ckpt") + ", every: 1}}\n" +
+           "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n" +
+           "parallel: {sp: 2}\nlog: {metrics_file: " + dir.file(name + ".jsonl") + "}\n";
+  };
+  testing::write_text_file(dir.file("a.yaml"), yaml("a"));
+  testing::write_text_file(dir.file("b.yaml"), yaml("b"));
+  auto a = run_command(mpirun(4, "--config " + dir.file("a.yaml")));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_command(mpirun(4, "--config " + dir.file("b.yaml") + " --resume " +
+                                     dir.file("a_ckpt/step_00000002")));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  auto losses = [](const std::string& path) {
+    std::vector<double> values;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) values.push_back(nlohmann::json::parse(line)["loss"]);
+    return values;
+  };
+  std::vector<double> full = losses(dir.file("a.jsonl")), resumed = losses(dir.file("b.jsonl"));
+  ASSERT_EQ(full.size(), 4u);
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed[0], full[2]);
+  EXPECT_EQ(resumed[1], full[3]);
+}
+
+}  // namespace
+}  // namespace ulysses
