@@ -610,6 +610,21 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   if (c.kernels.attention == "cudnn" && c.device != "cuda") {
     reader.fail("kernels.attention", "cudnn needs device: cuda, but " + check.show("device"));
   }
+  // Keys of features that are specified but not built yet: refused rather than ignored, so
+  // a run never silently differs from what its config says.
+  if (c.parallel.zero_stage != 0)
+    reader.fail("parallel.zero_stage", std::to_string(c.parallel.zero_stage) +
+                                           " is not implemented yet; only 0 (replicated "
+                                           "optimizer state, all-reduced gradients) is");
+  if (c.parallel.head_chunks != 1)
+    reader.fail("parallel.head_chunks", "head chunking is not implemented yet; use 1");
+  if (c.parallel.overlap)
+    reader.fail("parallel.overlap", "communication overlap is not implemented yet; use false");
+  if (c.memory.activation_checkpointing != "none")
+    reader.fail("memory.activation_checkpointing",
+                "'" + c.memory.activation_checkpointing + "' is not implemented yet; use none");
+  if (c.memory.tiled_mlp)
+    reader.fail("memory.tiled_mlp", "tiled MLP is not implemented yet; use false");
 }
 
 // ---- YAML output -----------------------------------------------------------------------
