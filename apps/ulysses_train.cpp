@@ -130,6 +130,11 @@ int main(int argc, char** argv) {
       "sequence split over the ranks of a sequence-parallel group (Ulysses all-to-all).\n"
       "Launch one process per rank, e.g.  mpirun -np 4 ulysses-train --config "
       "configs/passkey-sp4.yaml"};
+  app.footer(
+      "Exit status: 0 done (also after SIGTERM/SIGINT, with a checkpoint), 1 runtime error, 2 "
+      "bad arguments or config.\nAlso: ulysses-train export --checkpoint DIR --format "
+      "hf-llama|llmc --out PATH   (see ulysses-train export --help)\nDocs: docs/configuration.md, "
+      "docs/checkpoints.md, docs/parallelism.md");
   app.add_option("--config,-c", options.config_path, "YAML config file (see docs/configuration.md)")
       ->required();
   app.add_option("--set", options.overrides,

@@ -12,4 +12,4 @@ config=$2
 shift 2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
-exec mpirun -np "$ranks" --bind-to none build/ulysses-train --config "$config" "$@"
+exec mpirun -np "$ranks" --bind-to none build/apps/ulysses-train --config "$config" "$@"

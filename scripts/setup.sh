@@ -23,4 +23,4 @@ fi
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 cmake --build build -j"$jobs"
-echo "setup: built build/ulysses-train"
+echo "setup: built build/apps/ulysses-train"
