@@ -98,5 +98,14 @@ TEST(Cli, TrainsAndWritesOneMetricsLinePerStep) {
   EXPECT_EQ(evals, 2);
 }
 
+TEST(Cli, MemoryLimitFailsWithTheHeldBytesByCategory) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml("memory: {limit_gib: 0.0005}\n"));
+  auto result = run_command(kTrain + " --config " + dir.file("c.yaml"));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  for (const char* text : {"out of memory", "memory.limit_gib", "params", "activations", "held"})
+    EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
+}
+
 }  // namespace
 }  // namespace ulysses
