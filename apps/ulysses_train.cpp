@@ -18,6 +18,9 @@
 #include "kernels/backend.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
+#ifdef ULYSSES_WITH_NCCL
+#include "parallel/nccl_comm.h"
+#endif
 
 namespace ulysses {
 namespace {
@@ -41,10 +44,12 @@ void set_threads(Backend& backend, Comm& world) {
   backend.set_num_threads(std::max(1, cores / std::max(1, ranks_here)));
 }
 
-void print_plan(const Config& config, Mesh& mesh) {
-  auto backend = make_backend(config.device, 0);
-  backend->memory().set_planning(true);
-  Trainer planned(config, *backend, mesh);
+// Prints the resolved config, the parameter count and the tracked bytes per category of
+// every persistent buffer, charged by a trainer built in planning mode (nothing allocated).
+void print_plan(const Config& config, Backend& backend, Mesh& mesh) {
+  backend.memory().set_limit(0);
+  backend.memory().set_planning(true);
+  Trainer planned(config, backend, mesh);
   ParamTable table(config.model);
   if (mesh.world->rank() != 0) return;
   std::cout << "# resolved config\n" << config_to_yaml(config) << "\n";
@@ -54,11 +59,28 @@ void print_plan(const Config& config, Mesh& mesh) {
             << mesh.sp_size << "; each rank holds " << config.train.batch_size << " x "
             << config.train.seq_len / mesh.sp_size << " tokens per micro-step\n";
   std::cout << "# planned tracked memory per rank (persistent buffers; kernels add scratch):\n";
-  const MemoryStats& stats = backend->memory().stats();
+  const MemoryStats& stats = backend.memory().stats();
   for (int i = 0; i < kNumMemCategories; ++i)
     std::cout << "#   " << mem_category_name(MemCategory(i)) << ": "
               << format_bytes(stats.current[i]) << "\n";
   std::cout << "#   total: " << format_bytes(stats.total_current) << "\n";
+}
+
+// Checks that need no communication end with one all-reduce of the verdict, so that every
+// rank learns it before anyone exits and rank 0's message (else a failing rank's) is
+// printed before mpirun tears the job down. Every rank calls this exactly once per check,
+// whatever its own verdict. Returns true when the job must end with status 2.
+bool agree_on_failure(Comm& world, const std::string& error) {
+  double verdict[2] = {error.empty() ? 0.0 : 1.0,
+                       world.rank() == 0 && !error.empty() ? 1.0 : 0.0};
+  world.all_reduce_host(verdict, 2, ReduceOp::max);
+  if (verdict[0] == 0.0) return false;
+  bool rank0_failed = verdict[1] > 0.0;
+  if (!error.empty() && (world.rank() == 0 || !rank0_failed)) {
+    spdlog::error("{}", error);
+    spdlog::default_logger()->flush();
+  }
+  return true;
 }
 
 int run(const Options& options, Comm& world) {
@@ -70,26 +92,32 @@ int run(const Options& options, Comm& world) {
   } catch (const ConfigError& error) {
     config_error = error.what();
   }
-  // Validation needs no communication; this first collective only lets every rank learn
-  // the verdict before anyone exits, so rank 0's message is printed before mpirun tears
-  // the job down. Every rank calls it exactly once, whatever its own verdict.
-  double verdict[2] = {config_error.empty() ? 0.0 : 1.0,
-                       world.rank() == 0 && !config_error.empty() ? 1.0 : 0.0};
-  world.all_reduce_host(verdict, 2, ReduceOp::max);
-  if (verdict[0] > 0.0) {
-    bool rank0_failed = verdict[1] > 0.0;
-    if (!config_error.empty() && (world.rank() == 0 || !rank0_failed)) {
-      spdlog::error("{}", config_error);
-      spdlog::default_logger()->flush();
-    }
-    return 2;
+  if (agree_on_failure(world, config_error)) return 2;
+
+  std::unique_ptr<Backend> backend;
+  std::string device_error;
+  try {
+    backend = make_backend(config.device, memory_limit_bytes(config), config.kernels.attention);
+  } catch (const DeviceUnavailableError& error) {
+    device_error = error.what();
   }
-  Mesh mesh = make_mesh(world, config.parallel.sp);
+  if (agree_on_failure(world, device_error)) return 2;
   if (options.dry_run) {
-    print_plan(config, mesh);
+    Mesh mesh = make_mesh(world, config.parallel.sp);
+    print_plan(config, *backend, mesh);
     return 0;
   }
-  auto backend = make_backend(config.device, memory_limit_bytes(config));
+
+  // Device buffers travel over NCCL; MPI carries host buffers only.
+  Comm* compute_world = &world;
+  std::unique_ptr<Comm> device_world;
+#ifdef ULYSSES_WITH_NCCL
+  if (config.device == "cuda" && world.size() > 1) {
+    device_world = std::make_unique<NcclComm>(world.split(0, world.rank(), "world"), *backend);
+    compute_world = device_world.get();
+  }
+#endif
+  Mesh mesh = make_mesh(*compute_world, config.parallel.sp);
   set_threads(*backend, world);
   if (world.rank() == 0)
     spdlog::info("ulysses-train: {} model, world {} = dp {} x sp {}, device {}",

@@ -18,13 +18,18 @@ bool cuda_backend_compiled() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes) {
-  if (device == "cpu") return std::make_unique<CpuBackend>(memory_limit_bytes);
+std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes,
+                                      const std::string& attention) {
+  if (device == "cpu") {
+    if (attention != "native")
+      throw std::invalid_argument("kernels.attention: " + attention + " needs device: cuda");
+    return std::make_unique<CpuBackend>(memory_limit_bytes);
+  }
   if (device == "cuda") {
 #ifdef ULYSSES_WITH_CUDA
-    return make_cuda_backend(memory_limit_bytes);
+    return make_cuda_backend(memory_limit_bytes, parse_attention_kind(attention));
 #else
-    throw std::runtime_error(
+    throw DeviceUnavailableError(
         "device: cuda was asked for, but this build has no CUDA backend (nvcc was not found "
         "when it was configured); use device: cpu or rebuild on a machine with the CUDA "
         "toolkit");

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/memory.h"
@@ -149,9 +150,18 @@ class Backend {
   MemoryTracker memory_;
 };
 
-// "cpu" or "cuda"; throws with a clear message when the device is not available in this
-// build or on this machine.
-std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes);
+// The device asked for is not there: a build without CUDA, or no usable GPU. Every rank
+// sees the same, so the binary treats it like a config error (exit status 2).
+class DeviceUnavailableError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "cpu" or "cuda"; attention is kernels.attention ("native" or "cudnn", cuda only).
+// Throws DeviceUnavailableError when the device is not available in this build or on this
+// machine.
+std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes,
+                                      const std::string& attention = "native");
 
 // True when this binary was built with the CUDA backend.
 bool cuda_backend_compiled();

@@ -107,5 +107,17 @@ TEST(Cli, MemoryLimitFailsWithTheHeldBytesByCategory) {
     EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
 }
 
+TEST(Cli, CudaWithoutAUsableGpuExitsTwoSayingSo) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml("device: cuda\n"));
+  auto result = run_command(kTrain + " --config " + dir.file("c.yaml") + " --dry-run");
+  bool no_device = result.output.find("no CUDA device") != std::string::npos;
+  bool no_backend = result.output.find("no CUDA backend") != std::string::npos;
+  if (!no_device && !no_backend && result.exit_code == 0)
+    GTEST_SKIP() << "a CUDA device is present: nothing to refuse";
+  EXPECT_TRUE(no_device || no_backend) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+}
+
 }  // namespace
 }  // namespace ulysses

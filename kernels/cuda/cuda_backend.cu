@@ -57,7 +57,7 @@ std::unique_ptr<Backend> make_cuda_backend(int64_t memory_limit_bytes, Attention
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
-    throw std::runtime_error(std::string("no CUDA device: ") +
+    throw DeviceUnavailableError(std::string("no CUDA device: ") +
                              (status != cudaSuccess ? cudaGetErrorString(status) : "no GPU found"));
   }
   return std::make_unique<CudaBackend>(node_local_rank() % count, memory_limit_bytes, attention);
