@@ -620,9 +620,6 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
     reader.fail("parallel.head_chunks", "head chunking is not implemented yet; use 1");
   if (c.parallel.overlap)
     reader.fail("parallel.overlap", "communication overlap is not implemented yet; use false");
-  if (c.memory.activation_checkpointing != "none")
-    reader.fail("memory.activation_checkpointing",
-                "'" + c.memory.activation_checkpointing + "' is not implemented yet; use none");
   if (c.memory.tiled_mlp)
     reader.fail("memory.tiled_mlp", "tiled MLP is not implemented yet; use false");
 }

@@ -47,17 +47,21 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batc
       grads_(backend.alloc(MemCategory::grads, DType::f32, {table_.total_numel()}, "gradients")),
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim()),
-      block_(config.model, backend, attention_) {
+      block_(config.model, backend, attention_),
+      recompute_(config.memory.activation_checkpointing == "layer") {
   const int64_t rows = batch * seq_local, C = model_.d_model;
   if (backend.compute_dtype() != DType::f32)
     compute_params_ = backend.alloc(MemCategory::params, backend.compute_dtype(),
                                     {table_.total_numel()}, "parameters (compute copy)");
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");
   targets_ = backend.alloc(MemCategory::activations, DType::i32, {rows}, "targets");
+  const MemCategory residual_category =
+      recompute_ ? MemCategory::checkpoints : MemCategory::activations;
   for (int i = 0; i <= model_.n_layers; ++i)
     residuals_.push_back(
-        backend.alloc(MemCategory::activations, backend.compute_dtype(), {rows, C}, "residual"));
-  for (int i = 0; i < model_.n_layers; ++i) acts_.push_back(block_.allocate_activations(shape_));
+        backend.alloc(residual_category, backend.compute_dtype(), {rows, C}, "block input"));
+  for (int i = 0; i < (recompute_ ? 1 : model_.n_layers); ++i)
+    acts_.push_back(block_.allocate_activations(shape_));
   final_norm_out_ =
       backend.alloc(MemCategory::activations, backend.compute_dtype(), {rows, C}, "final norm");
   final_rstd_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm rstd");
@@ -99,6 +103,8 @@ const Tensor& Model::weights() const {
 
 void Model::zero_grads() { backend_.fill_zero(grads_); }
 
+BlockActivations& Model::activations(int layer) { return acts_[recompute_ ? 0 : layer]; }
+
 Tensor Model::lm_head_weight(const Tensor& flat) const {
   return table_.has(R::lm_head) ? table_.view(flat, R::lm_head)
                                 : table_.view(flat, R::token_embedding);
@@ -117,7 +123,7 @@ void Model::forward(const MicroBatch& batch) {
       table_.view(p, R::token_embedding), wpe, shape_.pos_offset);
   for (int layer = 0; layer < model_.n_layers; ++layer)
     block_.forward(layer_tensors(table_, p, layer), shape_, residuals_[layer],
-                   residuals_[layer + 1], acts_[layer]);
+                   residuals_[layer + 1], activations(layer));
   final_norm_forward();
 }
 
@@ -158,9 +164,15 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
       backend_.lm_head_loss(final_norm_out_, lm_head_weight(p), targets_, memory_.loss_tile_tokens,
                             grad_scale, dhidden_, lm_head_weight(g));
   final_norm_backward(dhidden_);
-  for (int layer = model_.n_layers - 1; layer >= 0; --layer)
-    block_.backward(layer_tensors(table_, p, layer), layer_tensors(table_, g, layer), shape_,
-                    residuals_[layer], acts_[layer], grad_scratch_, dresidual_);
+  for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
+    const LayerTensors weights = layer_tensors(table_, p, layer);
+    // The shared set still holds the last block's activations from the forward pass.
+    // Recomputing writes the same bits into residuals_[layer + 1], no longer needed.
+    if (recompute_ && layer != model_.n_layers - 1)
+      block_.forward(weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0]);
+    block_.backward(weights, layer_tensors(table_, g, layer), shape_, residuals_[layer],
+                    activations(layer), grad_scratch_, dresidual_);
+  }
   Tensor dwpe = table_.has(R::position_embedding) ? table_.view(g, R::position_embedding) : Tensor();
   backend_.embedding_backward(
       table_.view(g, R::token_embedding), dwpe,

@@ -55,6 +55,7 @@ class Model {
   // The weights forward/backward read: params_ itself, or its low-precision copy.
   const Tensor& weights() const;
   Tensor lm_head_weight(const Tensor& flat) const;
+  BlockActivations& activations(int layer);
   void final_norm_forward();
   void final_norm_backward(const Tensor& dhidden);
 
@@ -68,9 +69,12 @@ class Model {
   UlyssesAttention attention_;
   Block block_;
 
+  // memory.activation_checkpointing: layer keeps only each block's input (residuals_) and
+  // recomputes the block's activations right before its backward.
+  bool recompute_;
   Buffer tokens_, targets_;            // [B, T] i32
   std::vector<Buffer> residuals_;      // n_layers + 1 × [R, C]: input of each block, then the last output
-  std::vector<BlockActivations> acts_; // per block
+  std::vector<BlockActivations> acts_; // per block, or one set shared by all when recomputing
   Buffer final_norm_out_, final_mean_, final_rstd_;
   BlockGradScratch grad_scratch_;
   Buffer dresidual_, dhidden_;  // [R, C]

@@ -405,7 +405,6 @@ TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
       {"parallel:\n  zero_stage: 1\n", "parallel.zero_stage"},
       {"parallel:\n  head_chunks: 2\n", "parallel.head_chunks"},
       {"parallel:\n  overlap: true\n", "parallel.overlap"},
-      {"memory:\n  activation_checkpointing: layer\n", "memory.activation_checkpointing"},
       {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"}};
   for (const auto& [yaml, key] : cases) {
     try {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/config.h"
 #include "core/model.h"
@@ -122,6 +123,48 @@ TEST(Trainer, AttentionMemoryGrowsLinearlyWithSequenceLength) {
   int64_t at_512 = attention_peak(512), at_1024 = attention_peak(1024);
   EXPECT_LE(double(at_1024) / double(at_512), 2.05) << at_512 << " -> " << at_1024;
   EXPECT_GT(double(at_1024) / double(at_512), 1.5);
+}
+
+TEST(Trainer, LayerCheckpointingGivesBitIdenticalTraining) {
+  for (const char* family : {"llama", "gpt2"}) {
+    Config plain = tiny_config(family);
+    Config recomputed = plain;
+    recomputed.memory.activation_checkpointing = "layer";
+    TrainerRun a(plain), b(recomputed);
+    for (int step = 0; step < 3; ++step)
+      EXPECT_EQ(a.trainer->train_step().loss, b.trainer->train_step().loss) << family;
+    const Tensor& pa = a.trainer->model().params();
+    const Tensor& pb = b.trainer->model().params();
+    EXPECT_EQ(std::memcmp(pa.data, pb.data, pa.bytes()), 0) << family;
+  }
+}
+
+TEST(Trainer, LayerCheckpointingKeepsOneBlockOfActivations) {
+  struct Peaks {
+    int64_t activations, attention, checkpoints;
+  };
+  auto peaks = [](int layers, const std::string& checkpointing) {
+    Config config = tiny_config("llama");
+    config.model.n_layers = layers;
+    config.memory.activation_checkpointing = checkpointing;
+    TrainerRun run(config);
+    run.backend->memory().reset_peaks();
+    run.trainer->train_step();
+    const MemoryTracker& memory = run.backend->memory();
+    return Peaks{memory.peak(MemCategory::activations), memory.peak(MemCategory::attention),
+                 memory.peak(MemCategory::checkpoints)};
+  };
+  Config config = tiny_config("llama");
+  const int64_t block_input_bytes =
+      int64_t(config.train.batch_size) * config.train.seq_len * config.model.d_model * 4;
+  Peaks two = peaks(2, "layer"), four = peaks(4, "layer");
+  EXPECT_EQ(four.activations, two.activations);
+  EXPECT_EQ(four.attention, two.attention);
+  EXPECT_EQ(four.checkpoints - two.checkpoints, 2 * block_input_bytes);
+  // Without checkpointing every block keeps its activations.
+  Peaks plain_two = peaks(2, "none"), plain_four = peaks(4, "none");
+  EXPECT_GT(plain_four.activations - plain_two.activations, 2 * block_input_bytes);
+  EXPECT_EQ(plain_four.checkpoints, 0);
 }
 
 TEST(Schedule, WarmupThenCosineToMinLr) {

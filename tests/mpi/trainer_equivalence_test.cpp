@@ -117,6 +117,18 @@ TEST_F(TrainerEquivalence, DataParallelTimesSequenceParallel) {
   for (const char* family : {"llama", "gpt2"}) expect_equivalent(family, 4, 2, world());
 }
 
+TEST_F(TrainerEquivalence, LayerCheckpointingUnderSequenceParallelism) {
+  const int sp = world().size();
+  for (const char* family : {"llama", "gpt2"}) {
+    Config plain = make_config(family, 4, sp, 2);
+    Config recomputed = plain;
+    recomputed.memory.activation_checkpointing = "layer";
+    Outcome a = train(plain, world(), 3), b = train(recomputed, world(), 3);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << family << " step " << i + 1;
+    EXPECT_EQ(a.params, b.params) << family;
+  }
+}
+
 TEST_F(TrainerEquivalence, DataParallelOnly) {
   for (const char* family : {"llama", "gpt2"}) expect_equivalent(family, 4, 1, world());
 }
