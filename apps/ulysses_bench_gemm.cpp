@@ -26,11 +26,12 @@ int main(int argc, char** argv) {
   for (int r = 0; r < repeats; ++r) {
     auto start = std::chrono::steady_clock::now();
     backend->gemm(a, false, b, true, c, 1.0f, 0.0f);
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (seconds < best) best = seconds;
   }
   double flops = 2.0 * double(size) * double(size) * double(size) / best;
-  std::printf("sgemm %lldx%lldx%lld: %.1f GFLOP/s (best of %d)\n", (long long)size,
-              (long long)size, (long long)size, flops / 1e9, repeats);
+  std::printf("sgemm %lldx%lldx%lld: %.1f GFLOP/s (best of %d)\n", (long long)size, (long long)size,
+              (long long)size, flops / 1e9, repeats);
   return 0;
 }

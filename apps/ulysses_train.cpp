@@ -53,8 +53,8 @@ void print_plan(const Config& config, Backend& backend, Mesh& mesh) {
   ParamTable table(config.model);
   if (mesh.world->rank() != 0) return;
   std::cout << "# resolved config\n" << config_to_yaml(config) << "\n";
-  std::cout << "# model: " << config.model.family << ", " << table.total_numel()
-            << " parameters (" << format_bytes(table.total_numel() * 4) << " in fp32)\n";
+  std::cout << "# model: " << config.model.family << ", " << table.total_numel() << " parameters ("
+            << format_bytes(table.total_numel() * 4) << " in fp32)\n";
   std::cout << "# world " << mesh.world->size() << " = dp " << mesh.dp_size << " x sp "
             << mesh.sp_size << "; each rank holds " << config.train.batch_size << " x "
             << config.train.seq_len / mesh.sp_size << " tokens per micro-step\n";
@@ -71,8 +71,7 @@ void print_plan(const Config& config, Backend& backend, Mesh& mesh) {
 // printed before mpirun tears the job down. Every rank calls this exactly once per check,
 // whatever its own verdict. Returns true when the job must end with status 2.
 bool agree_on_failure(Comm& world, const std::string& error) {
-  double verdict[2] = {error.empty() ? 0.0 : 1.0,
-                       world.rank() == 0 && !error.empty() ? 1.0 : 0.0};
+  double verdict[2] = {error.empty() ? 0.0 : 1.0, world.rank() == 0 && !error.empty() ? 1.0 : 0.0};
   world.all_reduce_host(verdict, 2, ReduceOp::max);
   if (verdict[0] == 0.0) return false;
   bool rank0_failed = verdict[1] > 0.0;
@@ -183,9 +182,9 @@ int main(int argc, char** argv) {
   MpiSession mpi(&argc, &argv);
   install_stop_handlers();  // after MPI_Init, which may install handlers of its own
   std::unique_ptr<Comm> world = mpi.world();
-  spdlog::set_pattern(world->size() > 1 ? "[%H:%M:%S] [rank " + std::to_string(world->rank()) +
-                                              "] %^%l%$ %v"
-                                        : "[%H:%M:%S] %^%l%$ %v");
+  spdlog::set_pattern(world->size() > 1
+                          ? "[%H:%M:%S] [rank " + std::to_string(world->rank()) + "] %^%l%$ %v"
+                          : "[%H:%M:%S] %^%l%$ %v");
   try {
     return run(options, *world);
   } catch (const std::exception& error) {

@@ -47,13 +47,14 @@ std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir
 json read_json(const std::string& path) {
   std::string text = read_whole_file(path);
   json value = json::parse(text, nullptr, false);
-  if (value.is_discarded()) throw CheckpointError("checkpoint file '" + path + "' is not valid JSON");
+  if (value.is_discarded())
+    throw CheckpointError("checkpoint file '" + path + "' is not valid JSON");
   return value;
 }
 
 json model_shape_json(const ModelConfig& m) {
-  return {{"family", m.family},         {"n_layers", m.n_layers},   {"d_model", m.d_model},
-          {"n_heads", m.n_heads},       {"n_kv_heads", m.n_kv_heads}, {"d_ff", m.d_ff},
+  return {{"family", m.family},         {"n_layers", m.n_layers},      {"d_model", m.d_model},
+          {"n_heads", m.n_heads},       {"n_kv_heads", m.n_kv_heads},  {"d_ff", m.d_ff},
           {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}};
 }
 
@@ -90,8 +91,7 @@ void verify_checkpoint(const std::string& folder) {
   int version = manifest.value("format_version", -1);
   if (version != kCheckpointFormatVersion)
     throw CheckpointError("'" + manifest_path + "' has format_version " + std::to_string(version) +
-                          "; this build reads version " +
-                          std::to_string(kCheckpointFormatVersion));
+                          "; this build reads version " + std::to_string(kCheckpointFormatVersion));
   if (!manifest.contains("files") || !manifest["files"].is_object())
     throw CheckpointError("'" + manifest_path + "' lists no files");
   for (const auto& [name, info] : manifest["files"].items()) {
@@ -186,21 +186,23 @@ std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& op
     const std::string optimizer_name = optimizer_file_name(0, 1);
     moments.write(temp_path + "/" + optimizer_name);
 
-    json state = {{"format_version", kCheckpointFormatVersion},
-                  {"step", step},
-                  {"sequences_consumed", step * int64_t(config_.train.grad_accum) *
-                                             config_.train.batch_size *
-                                             (world_.size() / config_.parallel.sp)},
-                  {"rng", {{"seed", config_.train.seed},
-                           {"note", "all randomness derives from (seed, step, sequence index)"}}},
-                  {"world_size", world_.size()},
-                  {"sp", config_.parallel.sp},
-                  {"model", recorded_model_json(config_.model)},
-                  {"optimizer_shards", {optimizer_name}}};
+    json state = {
+        {"format_version", kCheckpointFormatVersion},
+        {"step", step},
+        {"sequences_consumed", step * int64_t(config_.train.grad_accum) * config_.train.batch_size *
+                                   (world_.size() / config_.parallel.sp)},
+        {"rng",
+         {{"seed", config_.train.seed},
+          {"note", "all randomness derives from (seed, step, sequence index)"}}},
+        {"world_size", world_.size()},
+        {"sp", config_.parallel.sp},
+        {"model", recorded_model_json(config_.model)},
+        {"optimizer_shards", {optimizer_name}}};
     write_file_durably(temp_path + "/" + kStateFile, state.dump(2) + "\n");
 
     json files = json::object();
-    for (const std::string& file : {std::string(kModelFile), optimizer_name, std::string(kStateFile)}) {
+    for (const std::string& file :
+         {std::string(kModelFile), optimizer_name, std::string(kStateFile)}) {
       const std::string path = temp_path + "/" + file;
       files[file] = {{"bytes", uint64_t(fs::file_size(path))}, {"crc32", crc32_of_file(path)}};
     }

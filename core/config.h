@@ -22,10 +22,10 @@ struct ModelConfig {
   int n_layers = 2;
   int d_model = 64;
   int n_heads = 4;
-  int n_kv_heads = 0;  // 0 = n_heads
-  int d_ff = 0;        // 0 = family default (llama: 8/3·d rounded to 32; gpt2: 4·d)
-  int vocab_size = 0;  // 0 = taken from the data source
-  int max_seq_len = 0; // 0 = train.seq_len
+  int n_kv_heads = 0;   // 0 = n_heads
+  int d_ff = 0;         // 0 = family default (llama: 8/3·d rounded to 32; gpt2: 4·d)
+  int vocab_size = 0;   // 0 = taken from the data source
+  int max_seq_len = 0;  // 0 = train.seq_len
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   std::string init_from;  // pretrained weights to start from (docs/checkpoints.md)
@@ -57,7 +57,6 @@ struct TrainConfig {
   int eval_steps = 4;  // batches per eval
   CheckpointConfig checkpoint;
 };
-
 
 struct ParallelConfig {
   int sp = 1;

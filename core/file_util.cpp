@@ -46,7 +46,8 @@ uint32_t crc32_of_file(const std::string& path) {
   std::vector<char> chunk(1 << 20);
   uint32_t crc = 0;
   size_t n;
-  while ((n = std::fread(chunk.data(), 1, chunk.size(), file)) > 0) crc = crc32_update(crc, chunk.data(), n);
+  while ((n = std::fread(chunk.data(), 1, chunk.size(), file)) > 0)
+    crc = crc32_update(crc, chunk.data(), n);
   bool failed = std::ferror(file);
   std::fclose(file);
   if (failed) throw std::runtime_error(system_error("error reading", path));
@@ -88,7 +89,8 @@ void fsync_directory(const std::string& path) {
 
 void rename_or_throw(const std::string& from, const std::string& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0)
-    throw std::runtime_error("cannot rename '" + from + "' to '" + to + "': " + std::strerror(errno));
+    throw std::runtime_error("cannot rename '" + from + "' to '" + to +
+                             "': " + std::strerror(errno));
 }
 
 }  // namespace ulysses

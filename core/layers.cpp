@@ -100,8 +100,8 @@ BlockGradScratch Block::allocate_grad_scratch(const BlockShape& shape) const {
   return s;
 }
 
-void Block::norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& x, const Tensor& weight, const Tensor& bias) const {
+void Block::norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& weight, const Tensor& bias) const {
   if (llama_) {
     backend_.rmsnorm_forward(out, rstd, x, weight, float(model_.norm_eps));
   } else {
@@ -127,8 +127,7 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
   const float theta = float(model_.rope_theta);
 
   // attention: x -> norm1 -> q, k, v -> (RoPE) -> Ulysses attention -> o_proj, + x
-  norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight],
-               w[R::attn_norm_bias]);
+  norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight], w[R::attn_norm_bias]);
   linear_forward(backend_, acts.q.tensor().reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
   linear_forward(backend_, acts.k.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
   linear_forward(backend_, acts.v.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
@@ -179,8 +178,8 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
                     w[R::up_weight]);
   } else {
     backend_.gelu_backward(s.dff_b, s.dff_a, acts.ff_a);
-    linear_backward(backend_, s.dnorm, false, g[R::up_weight], g[R::up_bias], s.dff_b,
-                    acts.norm2, w[R::up_weight]);
+    linear_backward(backend_, s.dnorm, false, g[R::up_weight], g[R::up_bias], s.dff_b, acts.norm2,
+                    w[R::up_weight]);
   }
   // mid feeds both the residual and norm2: its gradient is dresidual + the norm's.
   norm_backward(dresidual, g[R::mlp_norm_weight], g[R::mlp_norm_bias], s.dnorm, acts.mid,

@@ -33,17 +33,17 @@ struct BlockActivations {
 
 // Shapes of one rank's share of a micro-batch.
 struct BlockShape {
-  int64_t batch = 1;      // B
-  int64_t seq_local = 1;  // T held by this rank
-  int64_t pos_offset = 0; // global position of this rank's first token
+  int64_t batch = 1;       // B
+  int64_t seq_local = 1;   // T held by this rank
+  int64_t pos_offset = 0;  // global position of this rank's first token
 };
 
 // Scratch the backward pass reuses for every layer.
 struct BlockGradScratch {
-  Buffer dnorm;        // [R, C]
-  Buffer dattn;        // [R, H·d]
-  Buffer dq, dk, dv;   // [B, T, H, d], [B, T, Hkv, d]
-  Buffer dff_a, dff_b; // [R, F]
+  Buffer dnorm;         // [R, C]
+  Buffer dattn;         // [R, H·d]
+  Buffer dq, dk, dv;    // [B, T, H, d], [B, T, Hkv, d]
+  Buffer dff_a, dff_b;  // [R, F]
 };
 
 class Block {
@@ -65,8 +65,8 @@ class Block {
   void norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                     const Tensor& weight, const Tensor& bias) const;
   void norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                     const Tensor& dout, const Tensor& x, const Tensor& weight,
-                     const Tensor& mean, const Tensor& rstd) const;
+                     const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                     const Tensor& rstd) const;
 
   const ModelConfig& model_;
   Backend& backend_;

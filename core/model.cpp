@@ -82,10 +82,18 @@ void Model::init_weights(uint64_t seed) {
     float* values = host.data() + spec.offset;
     for (int64_t i = 0; i < spec.numel; ++i) {
       switch (spec.init) {
-        case ParamSpec::Init::normal: values[i] = sampler.next(stddev); break;
-        case ParamSpec::Init::residual_normal: values[i] = sampler.next(residual_stddev); break;
-        case ParamSpec::Init::ones: values[i] = 1.0f; break;
-        case ParamSpec::Init::zeros: values[i] = 0.0f; break;
+        case ParamSpec::Init::normal:
+          values[i] = sampler.next(stddev);
+          break;
+        case ParamSpec::Init::residual_normal:
+          values[i] = sampler.next(residual_stddev);
+          break;
+        case ParamSpec::Init::ones:
+          values[i] = 1.0f;
+          break;
+        case ParamSpec::Init::zeros:
+          values[i] = 0.0f;
+          break;
       }
     }
   }
@@ -101,9 +109,13 @@ const Tensor& Model::weights() const {
   return compute_params_.empty() ? params_.tensor() : compute_params_.tensor();
 }
 
-void Model::zero_grads() { backend_.fill_zero(grads_); }
+void Model::zero_grads() {
+  backend_.fill_zero(grads_);
+}
 
-BlockActivations& Model::activations(int layer) { return acts_[recompute_ ? 0 : layer]; }
+BlockActivations& Model::activations(int layer) {
+  return acts_[recompute_ ? 0 : layer];
+}
 
 Tensor Model::lm_head_weight(const Tensor& flat) const {
   return table_.has(R::lm_head) ? table_.view(flat, R::lm_head)
@@ -173,7 +185,8 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     block_.backward(weights, layer_tensors(table_, g, layer), shape_, residuals_[layer],
                     activations(layer), grad_scratch_, dresidual_);
   }
-  Tensor dwpe = table_.has(R::position_embedding) ? table_.view(g, R::position_embedding) : Tensor();
+  Tensor dwpe =
+      table_.has(R::position_embedding) ? table_.view(g, R::position_embedding) : Tensor();
   backend_.embedding_backward(
       table_.view(g, R::token_embedding), dwpe,
       dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,

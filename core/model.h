@@ -72,9 +72,10 @@ class Model {
   // memory.activation_checkpointing: layer keeps only each block's input (residuals_) and
   // recomputes the block's activations right before its backward.
   bool recompute_;
-  Buffer tokens_, targets_;            // [B, T] i32
-  std::vector<Buffer> residuals_;      // n_layers + 1 × [R, C]: input of each block, then the last output
-  std::vector<BlockActivations> acts_; // per block, or one set shared by all when recomputing
+  Buffer tokens_, targets_;  // [B, T] i32
+  std::vector<Buffer>
+      residuals_;  // n_layers + 1 × [R, C]: input of each block, then the last output
+  std::vector<BlockActivations> acts_;  // per block, or one set shared by all when recomputing
   Buffer final_norm_out_, final_mean_, final_rstd_;
   BlockGradScratch grad_scratch_;
   Buffer dresidual_, dhidden_;  // [R, C]

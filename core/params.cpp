@@ -58,8 +58,7 @@ ParamTable::ParamTable(const ModelConfig& model)
       add(R::mlp_norm_bias, i, layer_name(p, i, "ln_2.bias"), {C}, Init::zeros);
       add(R::up_weight, i, layer_name(p, i, "mlp.c_fc.weight"), {F, C}, Init::normal);
       add(R::up_bias, i, layer_name(p, i, "mlp.c_fc.bias"), {F}, Init::zeros);
-      add(R::down_weight, i, layer_name(p, i, "mlp.c_proj.weight"), {C, F},
-          Init::residual_normal);
+      add(R::down_weight, i, layer_name(p, i, "mlp.c_proj.weight"), {C, F}, Init::residual_normal);
       add(R::down_bias, i, layer_name(p, i, "mlp.c_proj.bias"), {C}, Init::zeros);
     }
     add(R::final_norm_weight, -1, "transformer.ln_f.weight", {C}, Init::ones);
@@ -122,4 +121,3 @@ Tensor ParamTable::view(const Tensor& flat, ParamRole role, int layer) const {
 }
 
 }  // namespace ulysses
-

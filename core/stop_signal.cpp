@@ -26,8 +26,12 @@ void install_stop_handlers() {
   sigaction(SIGINT, &action, nullptr);
 }
 
-bool stop_requested() { return g_stop_signal != 0; }
+bool stop_requested() {
+  return g_stop_signal != 0;
+}
 
-int stop_signal() { return int(g_stop_signal); }
+int stop_signal() {
+  return int(g_stop_signal);
+}
 
 }  // namespace ulysses

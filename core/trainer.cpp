@@ -1,13 +1,13 @@
 #include "core/trainer.h"
 
-#include "core/stop_signal.h"
-#include "core/weights_io.h"
-
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
+
+#include "core/stop_signal.h"
+#include "core/weights_io.h"
 
 namespace ulysses {
 
@@ -227,7 +227,8 @@ void Trainer::run() {
     if (train.eval_every > 0 && (step_ % train.eval_every == 0 || step_ == train.steps)) {
       EvalResult eval = evaluate();
       if (metrics_) {
-        nlohmann::json line = {{"step", step_}, {"eval_loss", eval.loss}, {"eval_tokens", eval.tokens}};
+        nlohmann::json line = {
+            {"step", step_}, {"eval_loss", eval.loss}, {"eval_tokens", eval.tokens}};
         if (eval.accuracy >= 0) line["eval_accuracy"] = eval.accuracy;
         metrics_->write(line);
       }
@@ -237,8 +238,9 @@ void Trainer::run() {
         spdlog::info("eval at step {} | eval loss {:.4f}{}", step_, eval.loss, accuracy);
       }
     }
-    bool save_now = !checkpoint.dir.empty() &&
-                    ((checkpoint.every > 0 && step_ % checkpoint.every == 0) || step_ == train.steps);
+    bool save_now =
+        !checkpoint.dir.empty() &&
+        ((checkpoint.every > 0 && step_ % checkpoint.every == 0) || step_ == train.steps);
     // A signal may reach some ranks only: agree on stopping before anyone acts on it.
     double stop = stop_requested() ? 1.0 : 0.0;
     mesh_.world->all_reduce_host(&stop, 1, ReduceOp::max);

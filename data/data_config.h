@@ -11,11 +11,11 @@ struct DataConfig {
   std::string val_path;              // optional separate validation files
   double val_fraction = 0.05;        // held-out tail when no val_path is given
   // synthetic passkey / associative recall
-  int n_pairs = 4;       // key-value pairs planted per sequence
-  int n_queries = 4;     // pairs asked for at the end
-  int n_keys = 32;       // distinct key symbols
-  int n_values = 32;     // distinct value symbols
-  int n_filler = 16;     // distinct filler symbols
+  int n_pairs = 4;               // key-value pairs planted per sequence
+  int n_queries = 4;             // pairs asked for at the end
+  int n_keys = 32;               // distinct key symbols
+  int n_values = 32;             // distinct value symbols
+  int n_filler = 16;             // distinct filler symbols
   double plant_fraction = 0.75;  // pairs are planted in the first fraction of the sequence
 };
 

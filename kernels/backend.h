@@ -137,9 +137,9 @@ class Backend {
   // tile_rows rows so that [R, V] logits never exist. When dhidden is not empty:
   // dhidden[R, C] = grad_scale * (softmax - onehot) · weight (overwritten; zero on rows
   // not counted) and dweight[V, C] += grad_scale * (softmax - onehot)^T · hidden.
-  virtual LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight,
-                                  const Tensor& targets, int64_t tile_rows, float grad_scale,
-                                  const Tensor& dhidden, const Tensor& dweight) = 0;
+  virtual LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                                  int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                                  const Tensor& dweight) = 0;
 
   // ---- optimizer -----------------------------------------------------------------------
   // AdamW on f32 param/grad/m/v of equal numel (PyTorch semantics).

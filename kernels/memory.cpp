@@ -6,14 +6,22 @@ namespace ulysses {
 
 const char* mem_category_name(MemCategory category) {
   switch (category) {
-    case MemCategory::params: return "params";
-    case MemCategory::grads: return "grads";
-    case MemCategory::optimizer: return "optimizer";
-    case MemCategory::activations: return "activations";
-    case MemCategory::checkpoints: return "checkpoints";
-    case MemCategory::attention: return "attention";
-    case MemCategory::comm: return "comm";
-    case MemCategory::workspace: return "workspace";
+    case MemCategory::params:
+      return "params";
+    case MemCategory::grads:
+      return "grads";
+    case MemCategory::optimizer:
+      return "optimizer";
+    case MemCategory::activations:
+      return "activations";
+    case MemCategory::checkpoints:
+      return "checkpoints";
+    case MemCategory::attention:
+      return "attention";
+    case MemCategory::comm:
+      return "comm";
+    case MemCategory::workspace:
+      return "workspace";
   }
   return "unknown";
 }
@@ -36,8 +44,9 @@ std::string format_bytes(int64_t bytes) {
 void MemoryTracker::charge(MemCategory category, int64_t bytes, const std::string& what) {
   if (limit_bytes_ > 0 && stats_.total_current + bytes > limit_bytes_) {
     throw OutOfMemoryError("out of memory: allocating " + format_bytes(bytes) + " for " + what +
-                           " (" + mem_category_name(category) + ") would exceed memory.limit_gib (" +
-                           format_bytes(limit_bytes_) + "); held: " + describe_current());
+                           " (" + mem_category_name(category) +
+                           ") would exceed memory.limit_gib (" + format_bytes(limit_bytes_) +
+                           "); held: " + describe_current());
   }
   int index = int(category);
   stats_.current[index] += bytes;

@@ -8,18 +8,24 @@ namespace ulysses {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
   }
   return 0;
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
   }
   return "?";
 }
@@ -39,12 +45,14 @@ int64_t Tensor::numel() const {
 }
 
 float* Tensor::f32() const {
-  if (dtype != DType::f32) throw std::logic_error("tensor is " + std::string(dtype_name(dtype)) + ", not f32");
+  if (dtype != DType::f32)
+    throw std::logic_error("tensor is " + std::string(dtype_name(dtype)) + ", not f32");
   return static_cast<float*>(data);
 }
 
 int32_t* Tensor::i32() const {
-  if (dtype != DType::i32) throw std::logic_error("tensor is " + std::string(dtype_name(dtype)) + ", not i32");
+  if (dtype != DType::i32)
+    throw std::logic_error("tensor is " + std::string(dtype_name(dtype)) + ", not i32");
   return static_cast<int32_t*>(data);
 }
 
@@ -97,7 +105,9 @@ Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
   }
 }
 
-Buffer::~Buffer() { reset(); }
+Buffer::~Buffer() {
+  reset();
+}
 
 void Buffer::reset() {
   if (backend_ && (view_.data || planned_only_)) {

@@ -54,8 +54,7 @@ class Comm {
   virtual void all_reduce_host(double* values, int count, ReduceOp op) = 0;
   // send has size()·recv.numel() elements; rank r receives the reduced block r.
   virtual void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) = 0;
-  virtual CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv,
-                                          ReduceOp op) = 0;
+  virtual CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) = 0;
   // recv has size()·send.numel() elements, block r from rank r.
   virtual void all_gather(const Tensor& send, const Tensor& recv) = 0;
   virtual CommHandle all_gather_async(const Tensor& send, const Tensor& recv) = 0;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint.h"
+#include "data/token_stream.h"
 #include "tests/testing.h"
 
 namespace ulysses {
@@ -19,38 +20,15 @@ using testing::TempDir;
 
 const std::string kTrain = ULYSSES_TRAIN_BIN;
 
-std::vector<double> metric_losses(const std::string& path) {
-  std::vector<double> losses;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    auto json = nlohmann::json::parse(line);
-    if (json.contains("loss")) losses.push_back(json["loss"].get<double>());
-  }
-  return losses;
-}
-
-// Writes an llm.c token shard (uint16 tokens).
-void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  int32_t header[256] = {};
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = int32_t(tokens.size());
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header), sizeof header);
-  out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
-}
-
 std::string config_yaml(const std::string& family, const std::string& data_yaml,
                         const std::string& checkpoint_dir, const std::string& metrics,
                         int steps = 6) {
   std::string vocab = data_yaml.find("tokens") != std::string::npos ? ", vocab_size: 300" : "";
-  return "model: {family: " + family + ", n_layers: 2, d_model: 32, n_heads: 4, d_ff: 64" +
-         vocab + "}\n" + "train: {steps: " + std::to_string(steps) +
+  return "model: {family: " + family + ", n_layers: 2, d_model: 32, n_heads: 4, d_ff: 64" + vocab +
+         "}\n" + "train: {steps: " + std::to_string(steps) +
          ", batch_size: 2, seq_len: 32, lr: 3.0e-3, warmup_steps: 2, seed: 5, "
-         "checkpoint: {dir: " + checkpoint_dir + ", every: 1}}\n" + data_yaml +
-         "log: {metrics_file: " + metrics + "}\n";
+         "checkpoint: {dir: " +
+         checkpoint_dir + ", every: 1}}\n" + data_yaml + "log: {metrics_file: " + metrics + "}\n";
 }
 
 class ResumeTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -67,22 +45,22 @@ TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
     testing::write_text_file(dir.file("corpus.txt"), text);
     data_yaml = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
   } else {
-    std::vector<uint16_t> tokens;
-    for (int i = 0; i < 6000; ++i) tokens.push_back(uint16_t((i * 37 + i / 7) % 300));
-    write_token_shard(dir.file("shard_000.bin"), tokens);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 6000; ++i) tokens.push_back((i * 37 + i / 7) % 300);
+    write_token_shard(dir.file("shard_000.bin"), tokens, 1);
     data_yaml = "data: {source: tokens, path: '" + dir.file("shard_*.bin") + "'}\n";
   }
-  testing::write_text_file(dir.file("a.yaml"), config_yaml(family, data_yaml, dir.file("ckpt_a"),
-                                                           dir.file("a.jsonl")));
-  testing::write_text_file(dir.file("b.yaml"), config_yaml(family, data_yaml, dir.file("ckpt_b"),
-                                                           dir.file("b.jsonl")));
+  testing::write_text_file(dir.file("a.yaml"),
+                           config_yaml(family, data_yaml, dir.file("ckpt_a"), dir.file("a.jsonl")));
+  testing::write_text_file(dir.file("b.yaml"),
+                           config_yaml(family, data_yaml, dir.file("ckpt_b"), dir.file("b.jsonl")));
   auto a = run_command(kTrain + " --config " + dir.file("a.yaml"));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   auto b = run_command(kTrain + " --config " + dir.file("b.yaml") + " --resume " +
                        dir.file("ckpt_a/step_00000003"));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  std::vector<double> full = metric_losses(dir.file("a.jsonl"));
-  std::vector<double> resumed = metric_losses(dir.file("b.jsonl"));
+  std::vector<double> full = testing::read_step_losses(dir.file("a.jsonl"));
+  std::vector<double> resumed = testing::read_step_losses(dir.file("b.jsonl"));
   ASSERT_EQ(full.size(), 6u);
   ASSERT_EQ(resumed.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[i + 3]) << "step " << i + 4;
@@ -96,8 +74,8 @@ class CheckpointFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     data_ = "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
-    testing::write_text_file(
-        dir_.file("c.yaml"), config_yaml("llama", data_, dir_.file("ckpt"), dir_.file("m.jsonl")));
+    testing::write_text_file(dir_.file("c.yaml"),
+                             config_yaml("llama", data_, dir_.file("ckpt"), dir_.file("m.jsonl")));
     auto run = run_command(kTrain + " --config " + dir_.file("c.yaml"));
     ASSERT_EQ(run.exit_code, 0) << run.output;
   }
@@ -120,7 +98,8 @@ TEST_F(CheckpointFixture, LayoutManifestAndLatestPointer) {
 
 TEST_F(CheckpointFixture, CorruptedFileIsRefusedNamingIt) {
   {
-    std::fstream file(step(6) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream file(step(6) + "/model.safetensors",
+                      std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(200);
     file.put('\x7f');
   }
@@ -189,7 +168,7 @@ TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
                                                              dir.file("ref.jsonl"), steps));
   auto reference_run = run_command(kTrain + " --config " + dir.file("ref.yaml"));
   ASSERT_EQ(reference_run.exit_code, 0) << reference_run.output;
-  std::vector<double> reference = metric_losses(dir.file("ref.jsonl"));
+  std::vector<double> reference = testing::read_step_losses(dir.file("ref.jsonl"));
   ASSERT_EQ(reference.size(), size_t(steps));
 
   for (int trial = 0; trial < 20; ++trial) {
@@ -207,7 +186,7 @@ TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
     fs::remove(metrics);
     auto resumed = run_command(kTrain + " --config " + dir.file("c.yaml") + " --resume auto");
     ASSERT_EQ(resumed.exit_code, 0) << "trial " << trial << "\n" << resumed.output;
-    std::vector<double> losses = metric_losses(metrics);
+    std::vector<double> losses = testing::read_step_losses(metrics);
     ASSERT_LE(losses.size(), size_t(steps));
     const size_t first = size_t(steps) - losses.size();
     for (size_t i = 0; i < losses.size(); ++i)
@@ -223,11 +202,12 @@ TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
   // Only the signal writes a checkpoint here.
   yaml.replace(yaml.find("every: 1"), 8, "every: 0");
   testing::write_text_file(dir.file("c.yaml"), yaml);
-  auto result = run_command("timeout --preserve-status -s TERM 1.5 " + kTrain + " --config " + dir.file("c.yaml"));
+  auto result = run_command("timeout --preserve-status -s TERM 1.5 " + kTrain + " --config " +
+                            dir.file("c.yaml"));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   std::string found = find_latest_checkpoint(dir.file("ckpt"));
   ASSERT_FALSE(found.empty()) << result.output;
-  size_t steps_done = metric_losses(dir.file("m.jsonl")).size();
+  size_t steps_done = testing::read_step_losses(dir.file("m.jsonl")).size();
   EXPECT_EQ(found, dir.file("ckpt/" + checkpoint_folder_name(int64_t(steps_done))));
   EXPECT_NE(result.output.find("stop requested"), std::string::npos) << result.output;
 }

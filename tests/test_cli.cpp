@@ -17,18 +17,11 @@ const std::string kTrain = ULYSSES_TRAIN_BIN;
 // A one-layer model on the synthetic task; train_extra goes inside the train map.
 std::string tiny_yaml(const std::string& extra = "", const std::string& train_extra = "") {
   return "model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n"
-         "train: {steps: 4, batch_size: 2, seq_len: 64, seed: 3" + train_extra + "}\n"
+         "train: {steps: 4, batch_size: 2, seq_len: 64, seed: 3" +
+         train_extra +
+         "}\n"
          "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n" +
          extra;
-}
-
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
-  return lines;
 }
 
 TEST(Cli, HelpListsEveryOption) {
@@ -78,7 +71,7 @@ TEST(Cli, TrainsAndWritesOneMetricsLinePerStep) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("tok/s"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("ETA"), std::string::npos) << result.output;
-  auto lines = read_metrics(dir.file("m.jsonl"));
+  auto lines = testing::read_metrics_lines(dir.file("m.jsonl"));
   int steps = 0, evals = 0;
   for (const auto& line : lines) {
     if (line.contains("eval_loss")) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/token_stream.h"
 #include "tests/testing.h"
 
 namespace ulysses {
@@ -28,7 +29,8 @@ std::string tiny_yaml(const std::string& model_extra, const std::string& paralle
          ", d_ff: 64}\n"
          "train: {steps: 3, batch_size: 2, seq_len: 64, seed: 3}\n"
          "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n"
-         "parallel: {" + parallel + "}\n";
+         "parallel: {" +
+         parallel + "}\n";
 }
 
 TEST(MpiCli, HeadsNotDivisibleBySpExitsTwoOnEveryRankNamingTheNumbers) {
@@ -63,29 +65,24 @@ TEST(MpiCli, BadTokenInOneRanksSliceEndsTheWholeJobWithItsMessage) {
   TempDir dir;
   // One shard: every token is valid except one in the second half of the first sequence,
   // which only rank 1 (sp = 2) reads.
-  std::vector<uint16_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t(i % 50);
+  std::vector<int32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 50);
   const int64_t seq_len = 64;
-  int32_t header[256] = {};
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = int32_t(tokens.size());
-  std::string yaml = "model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64, "
-                     "vocab_size: 100}\n"
-                     "train: {steps: 3, batch_size: 1, seq_len: " + std::to_string(seq_len) +
-                     ", seed: 3}\n"
-                     "data: {source: tokens, path: " + dir.file("shard.bin") +
-                     ", val_fraction: 0.1}\n"
-                     "parallel: {sp: 2}\n";
+  std::string yaml =
+      "model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64, "
+      "vocab_size: 100}\n"
+      "train: {steps: 3, batch_size: 1, seq_len: " +
+      std::to_string(seq_len) +
+      ", seed: 3}\n"
+      "data: {source: tokens, path: " +
+      dir.file("shard.bin") +
+      ", val_fraction: 0.1}\n"
+      "parallel: {sp: 2}\n";
   testing::write_text_file(dir.file("c.yaml"), yaml);
   // The first sequence read is a shuffled window; poison every window's second half.
   for (size_t start = 0; start + seq_len < tokens.size(); start += seq_len)
     tokens[start + seq_len / 2 + 5] = 4242;
-  {
-    std::ofstream out(dir.file("shard.bin"), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(header), sizeof header);
-    out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
-  }
+  write_token_shard(dir.file("shard.bin"), tokens, 1);
   auto result = run_command(mpirun(2, "--config " + dir.file("c.yaml")));
   EXPECT_NE(result.exit_code, 0) << result.output;
   EXPECT_NE(result.exit_code, 124) << "the job hung until the timeout:\n" << result.output;
@@ -95,17 +92,14 @@ TEST(MpiCli, BadTokenInOneRanksSliceEndsTheWholeJobWithItsMessage) {
 
 TEST(MpiCli, SequenceParallelRunWritesCommunicationMetrics) {
   TempDir dir;
-  testing::write_text_file(dir.file("c.yaml"),
-                           tiny_yaml(", n_heads: 4", "sp: 2") + "log: {metrics_file: " + dir.file("m.jsonl") +
-                               "}\n");
+  testing::write_text_file(
+      dir.file("c.yaml"),
+      tiny_yaml(", n_heads: 4", "sp: 2") + "log: {metrics_file: " + dir.file("m.jsonl") + "}\n");
   auto result = run_command(mpirun(4, "--config " + dir.file("c.yaml")));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("dp 2 x sp 2"), std::string::npos) << result.output;
-  std::ifstream in(dir.file("m.jsonl"));
-  std::string line;
   int steps = 0;
-  while (std::getline(in, line)) {
-    auto json = nlohmann::json::parse(line);
+  for (const nlohmann::json& json : testing::read_metrics_lines(dir.file("m.jsonl"))) {
     ++steps;
     EXPECT_GT(json["all_to_all_bytes"].get<int64_t>(), 0);
     EXPECT_GT(json["grad_comm_bytes"].get<int64_t>(), 0);
@@ -127,17 +121,11 @@ TEST(MpiCli, ResumeUnderMpirunContinuesWithTheSameLosses) {
   testing::write_text_file(dir.file("b.yaml"), yaml("b"));
   auto a = run_command(mpirun(4, "--config " + dir.file("a.yaml")));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  auto b = run_command(mpirun(4, "--config " + dir.file("b.yaml") + " --resume " +
-                                     dir.file("a_ckpt/step_00000002")));
+  auto b = run_command(mpirun(
+      4, "--config " + dir.file("b.yaml") + " --resume " + dir.file("a_ckpt/step_00000002")));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  auto losses = [](const std::string& path) {
-    std::vector<double> values;
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) values.push_back(nlohmann::json::parse(line)["loss"]);
-    return values;
-  };
-  std::vector<double> full = losses(dir.file("a.jsonl")), resumed = losses(dir.file("b.jsonl"));
+  std::vector<double> full = testing::read_step_losses(dir.file("a.jsonl"));
+  std::vector<double> resumed = testing::read_step_losses(dir.file("b.jsonl"));
   ASSERT_EQ(full.size(), 4u);
   ASSERT_EQ(resumed.size(), 2u);
   EXPECT_EQ(resumed[0], full[2]);

@@ -21,19 +21,15 @@ const std::string kConfigs = std::string(ULYSSES_SOURCE_DIR) + "/configs/";
 
 double last_eval_accuracy(const std::string& metrics) {
   double accuracy = -1.0;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto json = nlohmann::json::parse(line);
-    if (json.contains("eval_accuracy")) accuracy = json["eval_accuracy"].get<double>();
-  }
+  for (const nlohmann::json& line : testing::read_metrics_lines(metrics))
+    if (line.contains("eval_accuracy")) accuracy = line["eval_accuracy"].get<double>();
   return accuracy;
 }
 
 TEST(Passkey, TinyConfigLearnsTheTaskOnOneRank) {
   TempDir dir;
-  auto result = run_command(kTrain + " --config " + kConfigs + "passkey-tiny.yaml --set log.metrics_file=" +
-                            dir.file("m.jsonl"));
+  auto result = run_command(kTrain + " --config " + kConfigs +
+                            "passkey-tiny.yaml --set log.metrics_file=" + dir.file("m.jsonl"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_GE(last_eval_accuracy(dir.file("m.jsonl")), 0.95) << result.output;
 }
@@ -63,8 +59,8 @@ TEST(Passkey, MainJobLearnsTheTaskWithSequenceParallelismOverFourRanks) {
   auto result = run_command(
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 timeout 600 mpirun -np 4 --bind-to none " +
-      kTrain + " --config " + kConfigs + "passkey-sp4.yaml --set log.metrics_file=" +
-      dir.file("m.jsonl"));
+      kTrain + " --config " + kConfigs +
+      "passkey-sp4.yaml --set log.metrics_file=" + dir.file("m.jsonl"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("dp 1 x sp 4"), std::string::npos) << result.output;
   EXPECT_GE(last_eval_accuracy(dir.file("m.jsonl")), 0.95) << result.output;

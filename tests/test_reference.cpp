@@ -26,8 +26,7 @@ bool torch_available() {
 
 Config reference_config(const std::string& family) {
   std::string kv = family == "llama" ? ", n_kv_heads: 2" : "";
-  return parse_config("model: {family: " + family +
-                          ", n_layers: 2, d_model: 32, n_heads: 4" + kv +
+  return parse_config("model: {family: " + family + ", n_layers: 2, d_model: 32, n_heads: 4" + kv +
                           ", d_ff: 48, vocab_size: 61, max_seq_len: 24, rope_theta: 500}\n"
                           "train: {batch_size: 2, seq_len: 24}\n"
                           "data: {source: synthetic, n_pairs: 1, n_queries: 1, n_keys: 4, "
@@ -106,8 +105,8 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
     writer.add(spec.name, spec.shape, weights.data() + spec.offset);
   writer.write(dir.file("weights.safetensors"));
 
-  auto result = testing::run_command("/usr/bin/python3 " ULYSSES_SOURCE_DIR
-                                     "/tests/reference/reference_model.py " + dir.path());
+  auto result = testing::run_command(
+      "/usr/bin/python3 " ULYSSES_SOURCE_DIR "/tests/reference/reference_model.py " + dir.path());
   ASSERT_EQ(result.exit_code, 0) << result.output;
   SafetensorsReader reference(dir.file("reference.safetensors"));
   const double reference_loss = std::stod(reference.metadata().at("loss"));
@@ -120,7 +119,8 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
     reference.read_f32(spec.name, spec.shape, expected.data());
     double max_error = 0.0, max_expected = 0.0;
     for (int64_t i = 0; i < spec.numel; ++i) {
-      max_error = std::max(max_error, double(std::abs(grads[size_t(spec.offset + i)] - expected[size_t(i)])));
+      max_error = std::max(max_error,
+                           double(std::abs(grads[size_t(spec.offset + i)] - expected[size_t(i)])));
       max_expected = std::max(max_expected, double(std::abs(expected[size_t(i)])));
     }
     EXPECT_GT(max_expected, 0.0) << spec.name << " has a zero reference gradient";

@@ -17,6 +17,7 @@
 #include "core/safetensors.h"
 #include "core/weights_io.h"
 #include "core/weights_io_formats.h"
+#include "data/token_stream.h"
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "tests/testing.h"
@@ -75,17 +76,6 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 // ---- export, then import: the same weights and the same loss ---------------------------
 
-// Writes an llm.c token shard (uint16 tokens).
-void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  int32_t header[256] = {};
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = int32_t(tokens.size());
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header), sizeof header);
-  out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
-}
-
 struct StepMetrics {
   double loss = 0.0;
   double grad_norm = 0.0;
@@ -113,8 +103,8 @@ class RoundTrip : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     family_ = GetParam();
-    for (int i = 0; i < 40; ++i) tokens_.push_back(uint16_t((i * 97 + 13) % 300));
-    write_token_shard(dir_.file("shard.bin"), tokens_);
+    for (int i = 0; i < 40; ++i) tokens_.push_back((i * 97 + 13) % 300);
+    write_token_shard(dir_.file("shard.bin"), tokens_, 1);
     const std::string sizes = family_ == "llama" ? "n_kv_heads: 2, d_ff: 64" : "d_ff: 128";
     yaml_ = "model: {family: " + family_ + ", n_layers: 2, d_model: 32, n_heads: 4, " + sizes +
             ", vocab_size: 300}\n";
@@ -147,7 +137,7 @@ class RoundTrip : public ::testing::TestWithParam<std::string> {
 
   TempDir dir_;
   std::string family_, yaml_, checkpoint_;
-  std::vector<uint16_t> tokens_;
+  std::vector<int32_t> tokens_;
 };
 
 TEST_P(RoundTrip, ExportedWeightsImportBitwiseAndGiveTheResumedRunsLoss) {

@@ -38,13 +38,30 @@ std::string read_text_file(const std::string& path) {
   return text.str();
 }
 
+std::vector<nlohmann::json> read_metrics_lines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::vector<double> read_step_losses(const std::string& path) {
+  std::vector<double> losses;
+  for (const nlohmann::json& line : read_metrics_lines(path))
+    if (line.contains("loss")) losses.push_back(line["loss"].get<double>());
+  return losses;
+}
+
 CommandResult run_command(const std::string& command_line) {
   CommandResult result;
   FILE* pipe = popen((command_line + " 2>&1").c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed for " + command_line);
   std::array<char, 4096> chunk;
   size_t n;
-  while ((n = fread(chunk.data(), 1, chunk.size(), pipe)) > 0) result.output.append(chunk.data(), n);
+  while ((n = fread(chunk.data(), 1, chunk.size(), pipe)) > 0)
+    result.output.append(chunk.data(), n);
   int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ struct CommandResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
 };
+// Every JSON line of a metrics file (log.metrics_file), in order.
+std::vector<nlohmann::json> read_metrics_lines(const std::string& path);
+// The "loss" of every training-step line of a metrics file, in order.
+std::vector<double> read_step_losses(const std::string& path);
+
 // Runs a shell command line and captures its output and exit status.
 CommandResult run_command(const std::string& command_line);
 

@@ -26,11 +26,13 @@ Config make_config(const std::string& family, int kv_heads, int sp, int batch_si
   Config config = parse_config(
       "model: {family: " + family + ", n_layers: 2, d_model: 32, n_heads: 4" + kv +
           ", d_ff: 48}\n"
-          "train: {steps: 3, batch_size: " + std::to_string(batch_size) +
+          "train: {steps: 3, batch_size: " +
+          std::to_string(batch_size) +
           ", seq_len: 64, lr: 1.0e-2, warmup_steps: 1, weight_decay: 0.1, grad_accum: 2, "
           "eps: 1.0e-6, seed: 9}\n"
           "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n"
-          "parallel: {sp: " + std::to_string(sp) + "}\n",
+          "parallel: {sp: " +
+          std::to_string(sp) + "}\n",
       {}, "equivalence.yaml");
   return config;
 }
@@ -97,7 +99,8 @@ void expect_equivalent(const std::string& family, int kv_heads, int sp, Comm& wo
   }
   EXPECT_LE(max_difference, 1e-5 * max_value)
       << family << " kv " << kv_heads << " sp " << sp << ": worst element " << worst << " of "
-      << reference.names[worst] << ": " << outcome.params[worst] << " vs " << reference.params[worst];
+      << reference.names[worst] << ": " << outcome.params[worst] << " vs "
+      << reference.params[worst];
 }
 
 class TrainerEquivalence : public MpiTest {};
@@ -146,8 +149,8 @@ TEST_F(TrainerEquivalence, AllToAllBytesPerLayerMatchTheAnalyticVolume) {
   // dk, dv), each sending (P-1)/P of a local [B, N/P, H, d] f32 block.
   const int64_t block_bytes = int64_t(config.train.batch_size) * (config.train.seq_len / sp) *
                               config.model.n_heads * config.model.head_dim() * 4;
-  const int64_t expected = int64_t(config.model.n_layers) * config.train.grad_accum * 8 *
-                           block_bytes * (sp - 1) / sp;
+  const int64_t expected =
+      int64_t(config.model.n_layers) * config.train.grad_accum * 8 * block_bytes * (sp - 1) / sp;
   EXPECT_EQ(mesh.sp->stats().all_to_all_bytes, expected);
 }
 
