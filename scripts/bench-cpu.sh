@@ -16,8 +16,9 @@ echo "$gemm_line"
 
 # name | config | overrides
 runs=(
-  "gpt2-124m T=1024|configs/gpt2-124m.yaml|--set train.batch_size=1 --set train.seq_len=1024"
-  "llama-42m T=4096|configs/llama-tiny.yaml|--set model.n_layers=8 --set model.d_model=512 --set model.n_heads=8 --set model.n_kv_heads=4 --set model.d_ff=1408 --set train.batch_size=1 --set train.seq_len=4096 --set model.max_seq_len=4096 --set data.val_fraction=0.05"
+  "gpt2-124m B=1 T=1024|configs/gpt2-124m.yaml|--set train.batch_size=1 --set train.seq_len=1024"
+  "gpt2-124m B=4 T=1024|configs/gpt2-124m.yaml|--set train.batch_size=4 --set train.seq_len=1024"
+  "llama-24m T=4096|configs/llama-tiny.yaml|--set model.n_layers=8 --set model.d_model=512 --set model.n_heads=8 --set model.n_kv_heads=4 --set model.d_ff=1408 --set train.batch_size=1 --set train.seq_len=4096 --set model.max_seq_len=4096 --set data.val_fraction=0.05"
 )
 printf '\n| run | params | tokens/step | step s | tokens/s | model GFLOP/s | of sgemm | peak tracked |\n'
 printf '| --- | --- | --- | --- | --- | --- | --- | --- |\n'
