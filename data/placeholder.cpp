@@ -1,1 +1,0 @@
-// placeholder, replaced as the data library lands
