@@ -154,14 +154,38 @@ std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& op
   const std::string dir = config_.train.checkpoint.dir;
   const std::string name = checkpoint_folder_name(step);
   const std::string final_path = dir + "/" + name;
+  const std::string temp_path = dir + "/.tmp-" + name;
+  const ParamTable& table = model.table();
+  const int64_t total = table.total_numel();
   if (world_.rank() == 0) {
-    const ParamTable& table = model.table();
-    const int64_t total = table.total_numel();
     fs::create_directories(dir);
-    const std::string temp_path = dir + "/.tmp-" + name;
     fs::remove_all(temp_path);
     fs::create_directory(temp_path);
+  }
+  world_.barrier();
 
+  // Optimizer state as flat ranges of the parameter buffer, one file per shard (ZeRO-1:
+  // one per rank; otherwise rank 0 writes the whole range), so that a run with another
+  // sharding can take any range from any file.
+  const ShardRange& shard = optimizer.shard();
+  const bool sharded = shard.size() != total;
+  const int shards = sharded ? world_.size() : 1;
+  if (sharded || world_.rank() == 0) {
+    std::vector<float> first(static_cast<size_t>(shard.size()));
+    std::vector<float> second(first.size());
+    backend_.download(first.data(), optimizer.first_moment());
+    backend_.download(second.data(), optimizer.second_moment());
+    SafetensorsWriter moments;
+    moments.add("exp_avg", {shard.size()}, first.data());
+    moments.add("exp_avg_sq", {shard.size()}, second.data());
+    moments.set_metadata("begin", std::to_string(shard.begin));
+    moments.set_metadata("end", std::to_string(shard.end));
+    moments.set_metadata("total", std::to_string(total));
+    moments.write(temp_path + "/" + optimizer_file_name(sharded ? world_.rank() : 0, shards));
+  }
+  world_.barrier();
+
+  if (world_.rank() == 0) {
     std::vector<float> host(static_cast<size_t>(total));
     backend_.download(host.data(), model.params());
     SafetensorsWriter weights;
@@ -172,20 +196,8 @@ std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& op
     weights.set_metadata("family", config_.model.family);
     weights.write(temp_path + "/" + kModelFile);
 
-    // Optimizer state as flat ranges of the parameter buffer, so that a run with another
-    // sharding can take any range from any file.
-    std::vector<float> second(static_cast<size_t>(total));
-    backend_.download(host.data(), optimizer.first_moment());
-    backend_.download(second.data(), optimizer.second_moment());
-    SafetensorsWriter moments;
-    moments.add("exp_avg", {total}, host.data());
-    moments.add("exp_avg_sq", {total}, second.data());
-    moments.set_metadata("begin", "0");
-    moments.set_metadata("end", std::to_string(total));
-    moments.set_metadata("total", std::to_string(total));
-    const std::string optimizer_name = optimizer_file_name(0, 1);
-    moments.write(temp_path + "/" + optimizer_name);
-
+    std::vector<std::string> optimizer_names;
+    for (int i = 0; i < shards; ++i) optimizer_names.push_back(optimizer_file_name(i, shards));
     json state = {
         {"format_version", kCheckpointFormatVersion},
         {"step", step},
@@ -197,12 +209,14 @@ std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& op
         {"world_size", world_.size()},
         {"sp", config_.parallel.sp},
         {"model", recorded_model_json(config_.model)},
-        {"optimizer_shards", {optimizer_name}}};
+        {"optimizer_shards", optimizer_names}};
     write_file_durably(temp_path + "/" + kStateFile, state.dump(2) + "\n");
 
+    std::vector<std::string> written = optimizer_names;
+    written.push_back(kModelFile);
+    written.push_back(kStateFile);
     json files = json::object();
-    for (const std::string& file :
-         {std::string(kModelFile), optimizer_name, std::string(kStateFile)}) {
+    for (const std::string& file : written) {
       const std::string path = temp_path + "/" + file;
       files[file] = {{"bytes", uint64_t(fs::file_size(path))}, {"crc32", crc32_of_file(path)}};
     }
@@ -262,7 +276,9 @@ int64_t Checkpointer::load(const std::string& folder, Model& model, AdamW& optim
   }
   backend_.upload(model.params(), host.data());
 
-  std::vector<float> second(static_cast<size_t>(total));
+  // This rank's moments: the parts of every shard file that overlap its own range.
+  const ShardRange& mine = optimizer.shard();
+  std::vector<float> first(static_cast<size_t>(mine.size())), second(first.size());
   int64_t covered = 0;
   for (const auto& shard_name : state.at("optimizer_shards")) {
     const std::string path = folder + "/" + shard_name.get<std::string>();
@@ -273,19 +289,29 @@ int64_t Checkpointer::load(const std::string& folder, Model& model, AdamW& optim
       if (begin < 0 || end > total || begin > end)
         throw CheckpointError("'" + path + "' covers elements [" + std::to_string(begin) + ", " +
                               std::to_string(end) + ") of a model with " + std::to_string(total));
-      shard.read_f32("exp_avg", {end - begin}, host.data() + begin);
-      shard.read_f32("exp_avg_sq", {end - begin}, second.data() + begin);
-      covered += end - begin;
+      const int64_t overlap_begin = std::max(begin, mine.begin);
+      const int64_t overlap_end = std::min(end, mine.end);
+      if (overlap_begin >= overlap_end) continue;
+      std::vector<float> file_first(static_cast<size_t>(end - begin)), file_second(file_first.size());
+      shard.read_f32("exp_avg", {end - begin}, file_first.data());
+      shard.read_f32("exp_avg_sq", {end - begin}, file_second.data());
+      std::copy(file_first.begin() + (overlap_begin - begin), file_first.begin() + (overlap_end - begin),
+                first.begin() + (overlap_begin - mine.begin));
+      std::copy(file_second.begin() + (overlap_begin - begin),
+                file_second.begin() + (overlap_end - begin),
+                second.begin() + (overlap_begin - mine.begin));
+      covered += overlap_end - overlap_begin;
     } catch (const CheckpointError&) {
       throw;
     } catch (const std::exception& error) {
       throw CheckpointError("optimizer state '" + path + "': " + error.what());
     }
   }
-  if (covered != total)
+  if (covered != mine.size())
     throw CheckpointError("the optimizer files of '" + folder + "' cover " +
-                          std::to_string(covered) + " of " + std::to_string(total) + " elements");
-  backend_.upload(optimizer.first_moment(), host.data());
+                          std::to_string(covered) + " of the " + std::to_string(mine.size()) +
+                          " elements this rank needs");
+  backend_.upload(optimizer.first_moment(), first.data());
   backend_.upload(optimizer.second_moment(), second.data());
   return state.at("step").get<int64_t>();
 }

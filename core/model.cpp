@@ -36,15 +36,25 @@ class NormalSampler {
 
 }  // namespace
 
+namespace {
+
+int64_t padded_numel(int64_t total, int blocks) {
+  return (total + blocks - 1) / blocks * blocks;
+}
+
+}  // namespace
+
 Model::Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batch,
-             int64_t seq_local)
+             int64_t seq_local, int flat_blocks)
     : model_(config.model),
       memory_(config.memory),
       backend_(backend),
       table_(config.model),
       shape_{batch, seq_local, int64_t(sp_comm.rank()) * seq_local},
-      params_(backend.alloc(MemCategory::params, DType::f32, {table_.total_numel()}, "parameters")),
-      grads_(backend.alloc(MemCategory::grads, DType::f32, {table_.total_numel()}, "gradients")),
+      params_(backend.alloc(MemCategory::params, DType::f32,
+                            {padded_numel(table_.total_numel(), flat_blocks)}, "parameters")),
+      grads_(backend.alloc(MemCategory::grads, DType::f32,
+                           {padded_numel(table_.total_numel(), flat_blocks)}, "gradients")),
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim()),
       block_(config.model, backend, attention_),
@@ -97,12 +107,13 @@ void Model::init_weights(uint64_t seed) {
       }
     }
   }
-  backend_.upload(params_, host.data());
+  backend_.fill_zero(params_);  // the padding, too
+  backend_.upload(params(), host.data());
   refresh_compute_params();
 }
 
 void Model::refresh_compute_params() {
-  if (!compute_params_.empty()) backend_.cast(compute_params_, params_);
+  if (!compute_params_.empty()) backend_.cast(compute_params_, params());
 }
 
 const Tensor& Model::weights() const {

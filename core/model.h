@@ -29,13 +29,20 @@ struct MicroBatch {
 class Model {
  public:
   // Allocates parameters, gradients and the activations for micro-batches of `batch`
-  // sequences of seq_local tokens; sp_comm is this rank's sequence-parallel group.
-  Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batch, int64_t seq_local);
+  // sequences of seq_local tokens; sp_comm is this rank's sequence-parallel group. The
+  // flat parameter and gradient buffers are padded to `flat_blocks` equal blocks (the
+  // ZeRO shards; 1 = no padding).
+  Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batch, int64_t seq_local,
+        int flat_blocks = 1);
 
   const ParamTable& table() const { return table_; }
-  // fp32 master weights (what the optimizer updates and checkpoints hold).
-  const Tensor& params() const { return params_.tensor(); }
-  const Tensor& grads() const { return grads_.tensor(); }
+  // fp32 master weights (what the optimizer updates and checkpoints hold), laid out by
+  // the parameter table.
+  Tensor params() const { return params_.tensor().flat_range(0, table_.total_numel()); }
+  Tensor grads() const { return grads_.tensor().flat_range(0, table_.total_numel()); }
+  // The same buffers with their zero padding to flat_blocks equal blocks.
+  const Tensor& padded_params() const { return params_.tensor(); }
+  const Tensor& padded_grads() const { return grads_.tensor(); }
   int64_t num_params() const { return table_.total_numel(); }
 
   // Deterministic in seed: every rank of every world size gets the same weights.

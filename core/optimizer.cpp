@@ -1,5 +1,6 @@
 #include "core/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ulysses {
@@ -19,20 +20,26 @@ float clip_scale(double grad_norm, double max_norm) {
   return float(max_norm / (grad_norm + 1e-6));
 }
 
-AdamW::AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train)
+AdamW::AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train,
+             ShardRange shard)
     : backend_(backend),
       table_(table),
       train_(train),
-      m_(backend.alloc(MemCategory::optimizer, DType::f32, {table.total_numel()}, "adam m")),
-      v_(backend.alloc(MemCategory::optimizer, DType::f32, {table.total_numel()}, "adam v")) {
+      shard_(shard),
+      m_(backend.alloc(MemCategory::optimizer, DType::f32, {shard.size()}, "adam m")),
+      v_(backend.alloc(MemCategory::optimizer, DType::f32, {shard.size()}, "adam v")) {
   if (backend.memory().planning()) return;  // --dry-run: charged, never touched
   backend.fill_zero(m_);
   backend.fill_zero(v_);
 }
 
-void AdamW::update(const Tensor& params, const Tensor& grads, float lr, float grad_scale,
+void AdamW::update(const Tensor& params, const Tensor& grad_shard, float lr, float grad_scale,
                    int64_t step) {
   for (const ParamSpec& spec : table_.specs()) {
+    // The part of this tensor inside the shard.
+    const int64_t begin = std::max(spec.offset, shard_.begin);
+    const int64_t end = std::min(spec.offset + spec.numel, shard_.end);
+    if (begin >= end) continue;
     AdamWStep hyper;
     hyper.lr = lr;
     hyper.beta1 = float(train_.beta1);
@@ -41,8 +48,11 @@ void AdamW::update(const Tensor& params, const Tensor& grads, float lr, float gr
     hyper.weight_decay = spec.weight_decay ? float(train_.weight_decay) : 0.0f;
     hyper.step = step;
     hyper.grad_scale = grad_scale;
-    auto range = [&](const Tensor& flat) { return flat.flat_range(spec.offset, spec.numel); };
-    backend_.adamw(range(params), range(grads), range(m_), range(v_), hyper);
+    auto in_shard = [&](const Tensor& shard_buffer) {
+      return shard_buffer.flat_range(begin - shard_.begin, end - begin);
+    };
+    backend_.adamw(params.flat_range(begin, end - begin), in_shard(grad_shard), in_shard(m_),
+                   in_shard(v_), hyper);
   }
 }
 

@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "core/params.h"
 #include "kernels/backend.h"
+#include "parallel/zero.h"
 
 namespace ulysses {
 
@@ -18,14 +19,19 @@ double learning_rate(const TrainConfig& train, int64_t step);
 // (1 when max_norm is 0 or the norm is already below it).
 float clip_scale(double grad_norm, double max_norm);
 
+// Holds the moments of the elements [shard.begin, shard.end) of the flat parameter
+// buffer: all of it, or this rank's ZeRO shard.
 class AdamW {
  public:
-  AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train);
+  AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train, ShardRange shard);
 
-  // One update of every parameter; decay applies to the tensors the table marks.
-  // step is 1-based (bias correction).
-  void update(const Tensor& params, const Tensor& grads, float lr, float grad_scale, int64_t step);
+  // Updates params[shard] from grad_shard (the gradients of the shard's elements, f32);
+  // decay applies to the tensors the table marks. step is 1-based (bias correction).
+  void update(const Tensor& params, const Tensor& grad_shard, float lr, float grad_scale,
+              int64_t step);
 
+  const ShardRange& shard() const { return shard_; }
+  // [shard.size()] each.
   const Tensor& first_moment() const { return m_.tensor(); }
   const Tensor& second_moment() const { return v_.tensor(); }
 
@@ -33,6 +39,7 @@ class AdamW {
   Backend& backend_;
   const ParamTable& table_;
   const TrainConfig& train_;
+  ShardRange shard_;
   Buffer m_, v_;
 };
 

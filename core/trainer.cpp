@@ -65,8 +65,18 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
       mesh_(mesh),
       seq_local_(config.train.seq_len / mesh.sp_size) {
   const TrainConfig& train = config.train;
-  model_ = std::make_unique<Model>(config, backend, *mesh.sp, train.batch_size, seq_local_);
-  optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train);
+  // ZeRO-1: the world shares the optimizer state; every rank updates its shard of the
+  // weights from its shard of the reduce-scattered gradients, then the weights are gathered.
+  const bool sharded = config.parallel.zero_stage >= 1 && mesh.world->size() > 1;
+  const int blocks = sharded ? mesh.world->size() : 1;
+  model_ = std::make_unique<Model>(config, backend, *mesh.sp, train.batch_size, seq_local_, blocks);
+  const int64_t total = model_->num_params();
+  const ShardRange shard = sharded ? shard_range(total, mesh.world->rank(), blocks)
+                                   : ShardRange{0, total};
+  optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train, shard);
+  if (sharded)
+    grad_shard_ = backend.alloc(MemCategory::grads, DType::f32, {shard_block(total, blocks)},
+                                "gradient shard");
   if (backend.memory().planning()) return;
   model_->init_weights(train.seed);
   train_data_ =
@@ -142,14 +152,24 @@ StepResult Trainer::train_step() {
     totals[1] += double(loss.count);
     totals[2] += double(loss.correct);
   }
-  if (world.size() > 1) world.all_reduce(model_->grads(), ReduceOp::sum);
   world.all_reduce_host(totals, 3, ReduceOp::sum);
 
   StepResult result;
-  result.grad_norm = std::sqrt(backend_.sum_squares(model_->grads()));
   result.lr = learning_rate(train, step_);
-  optimizer_->update(model_->params(), model_->grads(), float(result.lr),
-                     clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+  if (grad_shard_.empty()) {
+    if (world.size() > 1) world.all_reduce(model_->grads(), ReduceOp::sum);
+    result.grad_norm = std::sqrt(backend_.sum_squares(model_->grads()));
+    optimizer_->update(model_->params(), model_->grads(), float(result.lr),
+                       clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+  } else {
+    reduce_scatter_shards(world, model_->padded_grads(), grad_shard_);
+    double norm_squared = backend_.sum_squares(grad_shard_);  // padding is zero
+    world.all_reduce_host(&norm_squared, 1, ReduceOp::sum);
+    result.grad_norm = std::sqrt(norm_squared);
+    optimizer_->update(model_->params(), grad_shard_, float(result.lr),
+                       clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+    all_gather_shards(backend_, world, model_->padded_params());
+  }
   model_->refresh_compute_params();
   backend_.synchronize();
   ++step_;

@@ -402,7 +402,7 @@ TEST(ValidateForWorld, HeadChunksMustDivideTheHeadsPerRank) {
 
 TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"parallel:\n  zero_stage: 1\n", "parallel.zero_stage"},
+      {"parallel:\n  zero_stage: 2\n", "parallel.zero_stage"},
       {"parallel:\n  head_chunks: 2\n", "parallel.head_chunks"},
       {"parallel:\n  overlap: true\n", "parallel.overlap"},
       {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"}};

@@ -81,7 +81,7 @@ StepOutcome train_one_step(Backend& backend, const Config& config, const MicroBa
   outcome.loss = loss.loss_sum / double(loss.count);
   outcome.grads.resize(size_t(model.num_params()));
   backend.download(outcome.grads.data(), model.grads());
-  AdamW optimizer(backend, model.table(), config.train);
+  AdamW optimizer(backend, model.table(), config.train, ShardRange{0, model.num_params()});
   optimizer.update(model.params(), model.grads(), float(config.train.lr), 1.0f, 1);
   outcome.params_after.resize(size_t(model.num_params()));
   backend.download(outcome.params_after.data(), model.params());

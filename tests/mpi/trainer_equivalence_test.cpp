@@ -132,6 +132,48 @@ TEST_F(TrainerEquivalence, LayerCheckpointingUnderSequenceParallelism) {
   }
 }
 
+// ZeRO-1 (optimizer state sharded over the whole world) against replicated state.
+void expect_zero_matches(const std::string& family, int sp, const std::string& checkpointing,
+                         Comm& world) {
+  Config replicated = make_config(family, 4, sp, 2);
+  replicated.memory.activation_checkpointing = checkpointing;
+  Config sharded = replicated;
+  sharded.parallel.zero_stage = 1;
+  Outcome a = train(replicated, world, 5), b = train(sharded, world, 5);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i])) << family << " step " << i + 1;
+  double max_difference = 0.0, max_value = 0.0;
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    max_difference = std::max(max_difference, double(std::abs(a.params[i] - b.params[i])));
+    max_value = std::max(max_value, double(std::abs(a.params[i])));
+  }
+  EXPECT_LE(max_difference, 1e-6 * max_value) << family << " sp " << sp << " " << checkpointing;
+}
+
+TEST_F(TrainerEquivalence, ZeroStage1MatchesReplicatedState) {
+  const int world_size = world().size();
+  for (const char* family : {"llama", "gpt2"}) {
+    expect_zero_matches(family, world_size, "none", world());
+    expect_zero_matches(family, 1, "layer", world());
+    if (world_size == 4) expect_zero_matches(family, 2, "layer", world());
+  }
+}
+
+TEST_F(TrainerEquivalence, ZeroStage1ShardsTheOptimizerStateOverTheWorld) {
+  Config config = make_config("llama", 4, world().size(), 2);
+  config.parallel.zero_stage = 1;
+  auto backend = make_backend("cpu", 0);
+  Mesh mesh = make_mesh(world(), config.parallel.sp);
+  Trainer trainer(config, *backend, mesh);
+  const int64_t total = trainer.model().num_params();
+  const int64_t shard = (total + world().size() - 1) / world().size();
+  const int64_t optimizer_bytes = backend->memory().current(MemCategory::optimizer);
+  EXPECT_LE(optimizer_bytes, 2 * shard * 4);
+  EXPECT_GE(optimizer_bytes, 2 * (total / world().size() - 1) * 4);
+  trainer.train_step();
+  EXPECT_EQ(backend->memory().current(MemCategory::optimizer), optimizer_bytes);
+}
+
 TEST_F(TrainerEquivalence, DataParallelOnly) {
   for (const char* family : {"llama", "gpt2"}) expect_equivalent(family, 4, 1, world());
 }
