@@ -132,5 +132,46 @@ TEST(MpiCli, ResumeUnderMpirunContinuesWithTheSameLosses) {
   EXPECT_EQ(resumed[1], full[3]);
 }
 
+// ZeRO-1 checkpoints hold one optimizer file per rank; resuming on another world size
+// reshards them and continues with the same losses (the global batch is the same: dp × B
+// sequences of the same indices).
+TEST(MpiCli, ShardedCheckpointResumesOnAnotherWorldSize) {
+  TempDir dir;
+  auto yaml = [&](const std::string& name, int batch) {
+    return std::string("model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n") +
+           "train: {steps: 5, batch_size: " + std::to_string(batch) +
+           ", seq_len: 64, seed: 3, checkpoint: {dir: " + dir.file(name + "_ckpt") +
+           ", every: 1}}\n" +
+           "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n" +
+           "parallel: {sp: 2, zero_stage: 1}\nlog: {metrics_file: " + dir.file(name + ".jsonl") +
+           "}\n";
+  };
+  // 4 ranks = dp 2 x sp 2 with 1 sequence each; 2 ranks = dp 1 x sp 2 with 2 sequences.
+  testing::write_text_file(dir.file("four.yaml"), yaml("four", 1));
+  testing::write_text_file(dir.file("two.yaml"), yaml("two", 2));
+  testing::write_text_file(dir.file("back.yaml"), yaml("back", 1));
+  auto four = run_command(mpirun(4, "--config " + dir.file("four.yaml")));
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  for (int shard = 0; shard < 4; ++shard)
+    EXPECT_TRUE(std::ifstream(dir.file("four_ckpt/step_00000005/optimizer-0000" +
+                                       std::to_string(shard) + "-of-00004.safetensors"))
+                    .good());
+  auto two = run_command(mpirun(2, "--config " + dir.file("two.yaml") + " --resume " +
+                                       dir.file("four_ckpt/step_00000002")));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  auto back = run_command(mpirun(4, "--config " + dir.file("back.yaml") + " --resume " +
+                                        dir.file("two_ckpt/step_00000004")));
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  std::vector<double> reference = testing::read_step_losses(dir.file("four.jsonl"));
+  std::vector<double> resharded = testing::read_step_losses(dir.file("two.jsonl"));
+  std::vector<double> resharded_back = testing::read_step_losses(dir.file("back.jsonl"));
+  ASSERT_EQ(reference.size(), 5u);
+  ASSERT_EQ(resharded.size(), 3u);
+  ASSERT_EQ(resharded_back.size(), 1u);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(resharded[i], reference[i + 2], 1e-6 * reference[i + 2]) << "4 -> 2, step " << i + 3;
+  EXPECT_NEAR(resharded_back[0], reference[4], 1e-6 * reference[4]) << "2 -> 4, step 5";
+}
+
 }  // namespace
 }  // namespace ulysses
