@@ -65,9 +65,11 @@ BlockActivations Block::allocate_activations(const BlockShape& shape) const {
   BlockActivations acts;
   acts.norm1 = act({rows, C}, "attention norm output");
   acts.rstd1 = stat("attention norm rstd");
-  acts.q = att({shape.batch, shape.seq_local, H, d}, "q");
-  acts.k = att({shape.batch, shape.seq_local, Hkv, d}, "k");
-  acts.v = att({shape.batch, shape.seq_local, Hkv, d}, "v");
+  if (attention_.heads_per_rank() == H) {  // sp == 1: the attention state views these
+    acts.q = att({shape.batch, shape.seq_local, H, d}, "q");
+    acts.k = att({shape.batch, shape.seq_local, Hkv, d}, "k");
+    acts.v = att({shape.batch, shape.seq_local, Hkv, d}, "v");
+  }
   acts.attn_out = att({shape.batch, shape.seq_local, H, d}, "attention output");
   acts.mid = act({rows, C}, "residual after attention");
   acts.norm2 = act({rows, C}, "mlp norm output");
@@ -82,14 +84,14 @@ BlockActivations Block::allocate_activations(const BlockShape& shape) const {
   return acts;
 }
 
-BlockGradScratch Block::allocate_grad_scratch(const BlockShape& shape) const {
+BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
   const int64_t rows = shape.batch * shape.seq_local, C = model_.d_model, F = model_.d_ff;
   const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
   const DType dt = backend_.compute_dtype();
   auto scratch = [&](std::initializer_list<int64_t> dims, const char* what) {
     return backend_.alloc(MemCategory::workspace, dt, dims, what);
   };
-  BlockGradScratch s;
+  BlockScratch s;
   s.dnorm = scratch({rows, C}, "d norm output");
   s.dattn = scratch({rows, H * d}, "d attention output");
   s.dq = scratch({shape.batch, shape.seq_local, H, d}, "dq");
@@ -120,7 +122,7 @@ void Block::norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor&
 }
 
 void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor& x,
-                    const Tensor& out, BlockActivations& acts) const {
+                    const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const {
   const int64_t rows = shape.batch * shape.seq_local;
   const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
   const QkvTensors qkv = qkv_tensors(w, H * d, Hkv * d);
@@ -128,14 +130,17 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
 
   // attention: x -> norm1 -> q, k, v -> (RoPE) -> Ulysses attention -> o_proj, + x
   norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight], w[R::attn_norm_bias]);
-  linear_forward(backend_, acts.q.tensor().reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
-  linear_forward(backend_, acts.k.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
-  linear_forward(backend_, acts.v.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
+  const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
+  const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
+  const Tensor& v = acts.v.empty() ? scratch.dv.tensor() : acts.v.tensor();
+  linear_forward(backend_, q.reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
+  linear_forward(backend_, k.reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
+  linear_forward(backend_, v.reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
   if (llama_) {
-    backend_.rope(acts.q, shape.pos_offset, theta, false);
-    backend_.rope(acts.k, shape.pos_offset, theta, false);
+    backend_.rope(q, shape.pos_offset, theta, false);
+    backend_.rope(k, shape.pos_offset, theta, false);
   }
-  attention_.forward(acts.q, acts.k, acts.v, acts.attn_out, acts.attention);
+  attention_.forward(q, k, v, acts.attn_out, acts.attention);
   backend_.copy(acts.mid, x);
   backend_.gemm(acts.attn_out.tensor().reshape({rows, H * d}), false, w[R::o_weight], true,
                 acts.mid, 1.0f, 1.0f);
@@ -158,7 +163,7 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
 }
 
 void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockShape& shape,
-                     const Tensor& x, BlockActivations& acts, BlockGradScratch& s,
+                     const Tensor& x, BlockActivations& acts, BlockScratch& s,
                      const Tensor& dresidual) const {
   const int64_t rows = shape.batch * shape.seq_local;
   const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();

@@ -23,7 +23,8 @@ LayerTensors layer_tensors(const ParamTable& table, const Tensor& flat, int laye
 // Everything a block keeps from forward for its backward.
 struct BlockActivations {
   Buffer norm1, mean1, rstd1;  // [R, C], [R], [R]  (mean only for layernorm)
-  Buffer q, k, v;              // [B, T, H, d], [B, T, Hkv, d], after RoPE
+  Buffer q, k, v;              // [B, T, H, d], [B, T, Hkv, d], after RoPE; only with sp == 1,
+                               // where the attention state views them (else BlockScratch's)
   Buffer attn_out;             // [B, T, H, d]
   AttentionState attention;
   Buffer mid;                  // [R, C] residual after attention
@@ -38,8 +39,9 @@ struct BlockShape {
   int64_t pos_offset = 0;  // global position of this rank's first token
 };
 
-// Scratch the backward pass reuses for every layer.
-struct BlockGradScratch {
+// Scratch reused by every block: the backward's gradients, and with sp > 1 the forward's
+// local q/k/v too (attention keeps its own head-split copies, so they are dead after it).
+struct BlockScratch {
   Buffer dnorm;         // [R, C]
   Buffer dattn;         // [R, H·d]
   Buffer dq, dk, dv;    // [B, T, H, d], [B, T, Hkv, d]
@@ -51,14 +53,14 @@ class Block {
   Block(const ModelConfig& model, Backend& backend, UlyssesAttention& attention);
 
   BlockActivations allocate_activations(const BlockShape& shape) const;
-  BlockGradScratch allocate_grad_scratch(const BlockShape& shape) const;
+  BlockScratch allocate_scratch(const BlockShape& shape) const;
 
   // out[R, C] = block(x[R, C]); fills acts.
   void forward(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
-               const Tensor& out, BlockActivations& acts) const;
+               const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const;
   // dresidual holds d(out) on entry and d(x) on return; weight gradients accumulate.
   void backward(const LayerTensors& weights, const LayerTensors& grads, const BlockShape& shape,
-                const Tensor& x, BlockActivations& acts, BlockGradScratch& scratch,
+                const Tensor& x, BlockActivations& acts, BlockScratch& scratch,
                 const Tensor& dresidual) const;
 
  private:

@@ -77,7 +77,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batc
   final_rstd_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm rstd");
   if (model_.family == "gpt2")
     final_mean_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm mean");
-  grad_scratch_ = block_.allocate_grad_scratch(shape_);
+  scratch_ = block_.allocate_scratch(shape_);
   dresidual_ =
       backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C}, "d residual");
   dhidden_ = backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C}, "d hidden");
@@ -146,7 +146,7 @@ void Model::forward(const MicroBatch& batch) {
       table_.view(p, R::token_embedding), wpe, shape_.pos_offset);
   for (int layer = 0; layer < model_.n_layers; ++layer)
     block_.forward(layer_tensors(table_, p, layer), shape_, residuals_[layer],
-                   residuals_[layer + 1], activations(layer));
+                   residuals_[layer + 1], activations(layer), scratch_);
   final_norm_forward();
 }
 
@@ -192,9 +192,9 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     // The shared set still holds the last block's activations from the forward pass.
     // Recomputing writes the same bits into residuals_[layer + 1], no longer needed.
     if (recompute_ && layer != model_.n_layers - 1)
-      block_.forward(weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0]);
+      block_.forward(weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0], scratch_);
     block_.backward(weights, layer_tensors(table_, g, layer), shape_, residuals_[layer],
-                    activations(layer), grad_scratch_, dresidual_);
+                    activations(layer), scratch_, dresidual_);
   }
   Tensor dwpe =
       table_.has(R::position_embedding) ? table_.view(g, R::position_embedding) : Tensor();

@@ -84,7 +84,7 @@ class Model {
       residuals_;  // n_layers + 1 × [R, C]: input of each block, then the last output
   std::vector<BlockActivations> acts_;  // per block, or one set shared by all when recomputing
   Buffer final_norm_out_, final_mean_, final_rstd_;
-  BlockGradScratch grad_scratch_;
+  BlockScratch scratch_;
   Buffer dresidual_, dhidden_;  // [R, C]
 };
 

@@ -141,7 +141,8 @@ void expect_zero_matches(const std::string& family, int sp, const std::string& c
   sharded.parallel.zero_stage = 1;
   Outcome a = train(replicated, world, 5), b = train(sharded, world, 5);
   for (int i = 0; i < 5; ++i)
-    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i])) << family << " step " << i + 1;
+    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i]))
+        << family << " step " << i + 1;
   double max_difference = 0.0, max_value = 0.0;
   for (size_t i = 0; i < a.params.size(); ++i) {
     max_difference = std::max(max_difference, double(std::abs(a.params[i] - b.params[i])));
@@ -172,6 +173,20 @@ TEST_F(TrainerEquivalence, ZeroStage1ShardsTheOptimizerStateOverTheWorld) {
   EXPECT_GE(optimizer_bytes, 2 * (total / world().size() - 1) * 4);
   trainer.train_step();
   EXPECT_EQ(backend->memory().current(MemCategory::optimizer), optimizer_bytes);
+}
+
+// With sp > 1 attention keeps its own head-split q/k/v/out, so a block keeps only its local
+// attention output; the local q/k/v live in the shared scratch during the forward.
+TEST_F(TrainerEquivalence, BlocksKeepNoLocalCopiesOfQkvUnderSequenceParallelism) {
+  const int sp = world().size();
+  Config config = make_config("llama", 4, sp, 2);
+  auto backend = make_backend("cpu", 0);
+  Mesh mesh = make_mesh(world(), sp);
+  Trainer trainer(config, *backend, mesh);
+  const int64_t local_block_bytes = int64_t(config.train.batch_size) * (config.train.seq_len / sp) *
+                                    config.model.n_heads * config.model.head_dim() * 4;
+  EXPECT_EQ(backend->memory().current(MemCategory::attention),
+            config.model.n_layers * local_block_bytes);
 }
 
 TEST_F(TrainerEquivalence, DataParallelOnly) {
