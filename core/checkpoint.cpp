@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -65,6 +66,35 @@ json recorded_model_json(const ModelConfig& m) {
   recorded["rope_theta"] = m.rope_theta;
   recorded["norm_eps"] = m.norm_eps;
   return recorded;
+}
+
+// The flat ranges an optimizer file holds, in the order its tensors pack them: metadata
+// "ranges" ([[begin, end], ...]), or "begin"/"end" (one range, files before ZeRO units).
+std::vector<std::pair<int64_t, int64_t>> optimizer_file_ranges(const SafetensorsReader& file,
+                                                               int64_t total) {
+  const std::map<std::string, std::string>& metadata = file.metadata();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (metadata.count("ranges")) {
+    const json list = json::parse(metadata.at("ranges"), nullptr, false);
+    if (!list.is_array()) throw CheckpointError("'" + file.path() + "': metadata ranges is not a list");
+    for (const json& range : list) {
+      if (!range.is_array() || range.size() != 2 || !range[0].is_number_integer() ||
+          !range[1].is_number_integer())
+        throw CheckpointError("'" + file.path() + "': a range is not [begin, end]: " + range.dump());
+      ranges.emplace_back(range[0].get<int64_t>(), range[1].get<int64_t>());
+    }
+  } else {
+    ranges.emplace_back(std::stoll(metadata.at("begin")), std::stoll(metadata.at("end")));
+  }
+  int64_t previous_end = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin < previous_end || end > total || begin > end)
+      throw CheckpointError("'" + file.path() + "' covers elements [" + std::to_string(begin) +
+                            ", " + std::to_string(end) + ") of a model with " +
+                            std::to_string(total) + " (ranges must be in order and inside)");
+    previous_end = end;
+  }
+  return ranges;
 }
 
 }  // namespace
@@ -150,7 +180,7 @@ std::string resolve_resume_path(const std::string& resume, const std::string& ch
 Checkpointer::Checkpointer(const Config& config, Backend& backend, Comm& world)
     : config_(config), backend_(backend), world_(world) {}
 
-std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& optimizer) {
+std::string Checkpointer::save(int64_t step, Model& model, const AdamW& optimizer) {
   const std::string dir = config_.train.checkpoint.dir;
   const std::string name = checkpoint_folder_name(step);
   const std::string final_path = dir + "/" + name;
@@ -164,30 +194,40 @@ std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& op
   }
   world_.barrier();
 
-  // Optimizer state as flat ranges of the parameter buffer, one file per shard (ZeRO-1:
-  // one per rank; otherwise rank 0 writes the whole range), so that a run with another
-  // sharding can take any range from any file.
-  const ShardRange& shard = optimizer.shard();
-  const bool sharded = shard.size() != total;
+  // Optimizer state as flat ranges of the parameter buffer, one file per shard (ZeRO: one
+  // per rank; otherwise rank 0 writes the whole range), so that a run with another world
+  // size or stage can take any range from any file.
+  const bool sharded = model.state().layout().world() > 1;
   const int shards = sharded ? world_.size() : 1;
   if (sharded || world_.rank() == 0) {
-    std::vector<float> first(static_cast<size_t>(shard.size()));
-    std::vector<float> second(first.size());
+    const int64_t shard_numel = optimizer.first_moment().numel();
+    std::vector<float> first(static_cast<size_t>(shard_numel)), second(first.size());
     backend_.download(first.data(), optimizer.first_moment());
     backend_.download(second.data(), optimizer.second_moment());
+    std::vector<float> packed_first, packed_second;
+    json ranges = json::array();
+    for (const ShardSegment& segment : optimizer.segments()) {
+      ranges.push_back({segment.begin, segment.end});
+      auto from = [&](const std::vector<float>& shard) {
+        return shard.begin() + segment.shard_begin;
+      };
+      packed_first.insert(packed_first.end(), from(first), from(first) + segment.size());
+      packed_second.insert(packed_second.end(), from(second), from(second) + segment.size());
+    }
+    const int64_t count = int64_t(packed_first.size());
     SafetensorsWriter moments;
-    moments.add("exp_avg", {shard.size()}, first.data());
-    moments.add("exp_avg_sq", {shard.size()}, second.data());
-    moments.set_metadata("begin", std::to_string(shard.begin));
-    moments.set_metadata("end", std::to_string(shard.end));
+    moments.add("exp_avg", {count}, packed_first.data());
+    moments.add("exp_avg_sq", {count}, packed_second.data());
+    moments.set_metadata("ranges", ranges.dump());
     moments.set_metadata("total", std::to_string(total));
     moments.write(temp_path + "/" + optimizer_file_name(sharded ? world_.rank() : 0, shards));
   }
+  // Every rank takes part in gathering the weights; rank 0 writes them.
+  std::vector<float> host(world_.rank() == 0 ? static_cast<size_t>(total) : 0);
+  model.download_weights(world_.rank() == 0 ? host.data() : nullptr);
   world_.barrier();
 
   if (world_.rank() == 0) {
-    std::vector<float> host(static_cast<size_t>(total));
-    backend_.download(host.data(), model.params());
     SafetensorsWriter weights;
     for (const ParamSpec& spec : table.specs())
       weights.add(spec.name, spec.shape, host.data() + spec.offset);
@@ -208,6 +248,7 @@ std::string Checkpointer::save(int64_t step, const Model& model, const AdamW& op
           {"note", "all randomness derives from (seed, step, sequence index)"}}},
         {"world_size", world_.size()},
         {"sp", config_.parallel.sp},
+        {"zero_stage", model.state().stage()},
         {"model", recorded_model_json(config_.model)},
         {"optimizer_shards", optimizer_names}};
     write_file_durably(temp_path + "/" + kStateFile, state.dump(2) + "\n");
@@ -274,42 +315,47 @@ int64_t Checkpointer::load(const std::string& folder, Model& model, AdamW& optim
   } catch (const std::exception& error) {
     throw CheckpointError(error.what());
   }
-  backend_.upload(model.params(), host.data());
+  model.load_weights(host.data());
 
-  // This rank's moments: the parts of every shard file that overlap its own range.
-  const ShardRange& mine = optimizer.shard();
-  std::vector<float> first(static_cast<size_t>(mine.size())), second(first.size());
-  int64_t covered = 0;
+  // This rank's moments: the parts of every file's ranges that overlap its own segments.
+  const std::vector<ShardSegment>& mine = optimizer.segments();
+  std::vector<float> first(static_cast<size_t>(optimizer.first_moment().numel()));
+  std::vector<float> second(first.size());
+  int64_t needed = 0, covered = 0;
+  for (const ShardSegment& segment : mine) needed += segment.size();
   for (const auto& shard_name : state.at("optimizer_shards")) {
     const std::string path = folder + "/" + shard_name.get<std::string>();
     try {
       SafetensorsReader shard(path);
-      int64_t begin = std::stoll(shard.metadata().at("begin"));
-      int64_t end = std::stoll(shard.metadata().at("end"));
-      if (begin < 0 || end > total || begin > end)
-        throw CheckpointError("'" + path + "' covers elements [" + std::to_string(begin) + ", " +
-                              std::to_string(end) + ") of a model with " + std::to_string(total));
-      const int64_t overlap_begin = std::max(begin, mine.begin);
-      const int64_t overlap_end = std::min(end, mine.end);
-      if (overlap_begin >= overlap_end) continue;
-      std::vector<float> file_first(static_cast<size_t>(end - begin)), file_second(file_first.size());
-      shard.read_f32("exp_avg", {end - begin}, file_first.data());
-      shard.read_f32("exp_avg_sq", {end - begin}, file_second.data());
-      std::copy(file_first.begin() + (overlap_begin - begin), file_first.begin() + (overlap_end - begin),
-                first.begin() + (overlap_begin - mine.begin));
-      std::copy(file_second.begin() + (overlap_begin - begin),
-                file_second.begin() + (overlap_end - begin),
-                second.begin() + (overlap_begin - mine.begin));
-      covered += overlap_end - overlap_begin;
+      const std::vector<std::pair<int64_t, int64_t>> ranges = optimizer_file_ranges(shard, total);
+      int64_t count = 0;
+      for (const auto& [begin, end] : ranges) count += end - begin;
+      std::vector<float> file_first(static_cast<size_t>(count)), file_second(file_first.size());
+      shard.read_f32("exp_avg", {count}, file_first.data());
+      shard.read_f32("exp_avg_sq", {count}, file_second.data());
+      int64_t packed = 0;  // where the current range starts in the file's tensors
+      for (const auto& [begin, end] : ranges) {
+        for (const ShardSegment& segment : mine) {
+          const int64_t overlap_begin = std::max(begin, segment.begin);
+          const int64_t overlap_end = std::min(end, segment.end);
+          if (overlap_begin >= overlap_end) continue;
+          const int64_t from = packed + (overlap_begin - begin);
+          const int64_t to = segment.shard_begin + (overlap_begin - segment.begin);
+          std::copy_n(file_first.begin() + from, overlap_end - overlap_begin, first.begin() + to);
+          std::copy_n(file_second.begin() + from, overlap_end - overlap_begin, second.begin() + to);
+          covered += overlap_end - overlap_begin;
+        }
+        packed += end - begin;
+      }
     } catch (const CheckpointError&) {
       throw;
     } catch (const std::exception& error) {
       throw CheckpointError("optimizer state '" + path + "': " + error.what());
     }
   }
-  if (covered != mine.size())
+  if (covered != needed)
     throw CheckpointError("the optimizer files of '" + folder + "' cover " +
-                          std::to_string(covered) + " of the " + std::to_string(mine.size()) +
+                          std::to_string(covered) + " of the " + std::to_string(needed) +
                           " elements this rank needs");
   backend_.upload(optimizer.first_moment(), first.data());
   backend_.upload(optimizer.second_moment(), second.data());

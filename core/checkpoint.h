@@ -43,7 +43,7 @@ class Checkpointer {
 
   // Collective: writes dir/step_XXXXXXXX, repoints dir/latest, prunes to keep_last.
   // Returns the folder written.
-  std::string save(int64_t step, const Model& model, const AdamW& optimizer);
+  std::string save(int64_t step, Model& model, const AdamW& optimizer);
 
   // Collective: verifies and loads a checkpoint folder; returns its step.
   int64_t load(const std::string& folder, Model& model, AdamW& optimizer);

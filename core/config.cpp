@@ -612,10 +612,6 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   }
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
-  if (c.parallel.zero_stage > 1)
-    reader.fail("parallel.zero_stage", std::to_string(c.parallel.zero_stage) +
-                                           " is not implemented yet; use 0 (replicated state) "
-                                           "or 1 (optimizer state sharded over the world)");
   if (c.parallel.head_chunks != 1)
     reader.fail("parallel.head_chunks", "head chunking is not implemented yet; use 1");
   if (c.parallel.overlap)

@@ -25,10 +25,12 @@ QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width)
 
 }  // namespace
 
-LayerTensors layer_tensors(const ParamTable& table, const Tensor& flat, int layer) {
+LayerTensors layer_tensors(const ParamTable& table, const Tensor& window, int64_t window_begin,
+                           int layer) {
   LayerTensors tensors;
   for (const ParamSpec& spec : table.specs())
-    if (spec.layer == layer) tensors.by_role[size_t(spec.role)] = table.view(flat, spec);
+    if (spec.layer == layer)
+      tensors.by_role[size_t(spec.role)] = table.view(window, window_begin, spec);
   return tensors;
 }
 

@@ -13,12 +13,14 @@
 namespace ulysses {
 
 // Views of one layer's tensors (parameters, or their gradients) by role, derived from
-// the parameter table; roles a family does not have stay empty.
+// the parameter table; roles a family does not have stay empty. window holds the flat
+// elements from window_begin on (ParamTable::view).
 struct LayerTensors {
   std::array<Tensor, size_t(ParamRole::count)> by_role;
   const Tensor& operator[](ParamRole role) const { return by_role[size_t(role)]; }
 };
-LayerTensors layer_tensors(const ParamTable& table, const Tensor& flat, int layer);
+LayerTensors layer_tensors(const ParamTable& table, const Tensor& window, int64_t window_begin,
+                           int layer);
 
 // Everything a block keeps from forward for its backward.
 struct BlockActivations {

@@ -1,5 +1,6 @@
 #include "core/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -38,31 +39,26 @@ class NormalSampler {
 
 namespace {
 
-int64_t padded_numel(int64_t total, int blocks) {
-  return (total + blocks - 1) / blocks * blocks;
+int64_t bucket_elements(double bucket_mb) {
+  return std::max<int64_t>(1, int64_t(bucket_mb * 1024.0 * 1024.0 / 4.0));
 }
 
 }  // namespace
 
-Model::Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batch,
-             int64_t seq_local, int flat_blocks)
+Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world, int64_t batch,
+             int64_t seq_local)
     : model_(config.model),
       memory_(config.memory),
       backend_(backend),
       table_(config.model),
       shape_{batch, seq_local, int64_t(sp_comm.rank()) * seq_local},
-      params_(backend.alloc(MemCategory::params, DType::f32,
-                            {padded_numel(table_.total_numel(), flat_blocks)}, "parameters")),
-      grads_(backend.alloc(MemCategory::grads, DType::f32,
-                           {padded_numel(table_.total_numel(), flat_blocks)}, "gradients")),
+      state_(backend, world, config.parallel.zero_stage,
+             shard_unit_ends(table_, bucket_elements(config.parallel.bucket_mb))),
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim()),
       block_(config.model, backend, attention_),
       recompute_(config.memory.activation_checkpointing == "layer") {
   const int64_t rows = batch * seq_local, C = model_.d_model;
-  if (backend.compute_dtype() != DType::f32)
-    compute_params_ = backend.alloc(MemCategory::params, backend.compute_dtype(),
-                                    {table_.total_numel()}, "parameters (compute copy)");
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");
   targets_ = backend.alloc(MemCategory::activations, DType::i32, {rows}, "targets");
   const MemCategory residual_category =
@@ -107,30 +103,41 @@ void Model::init_weights(uint64_t seed) {
       }
     }
   }
-  backend_.fill_zero(params_);  // the padding, too
-  backend_.upload(params(), host.data());
-  refresh_compute_params();
+  load_weights(host.data());
 }
 
-void Model::refresh_compute_params() {
-  if (!compute_params_.empty()) backend_.cast(compute_params_, params());
+void Model::load_weights(const float* host) { state_.upload_weights(host); }
+
+void Model::download_weights(float* host) { state_.download_weights(host); }
+
+void Model::download_gradients(float* host) { state_.download_gradients(host); }
+
+void Model::zero_grads() { state_.zero_gradients(); }
+
+Model::UnitWindow Model::unit_window(int64_t element, bool gradients) {
+  const int unit = state_.layout().unit_of(element);
+  return {gradients ? state_.gradients(unit) : state_.weights(unit),
+          state_.layout().units()[size_t(unit)].begin};
 }
 
-const Tensor& Model::weights() const {
-  return compute_params_.empty() ? params_.tensor() : compute_params_.tensor();
+Tensor Model::outside_blocks(ParamRole role, bool gradients) {
+  if (!table_.has(role)) return Tensor();
+  const ParamSpec& spec = table_.find(role);
+  const UnitWindow window = unit_window(spec.offset, gradients);
+  return table_.view(window.tensor, window.begin, spec);
 }
 
-void Model::zero_grads() {
-  backend_.fill_zero(grads_);
+LayerTensors Model::layer_view(int index, bool gradients) {
+  const UnitWindow window = unit_window(table_.layer_range(index).first, gradients);
+  return layer_tensors(table_, window.tensor, window.begin, index);
+}
+
+ParamRole Model::lm_head_role() const {
+  return table_.has(R::lm_head) ? R::lm_head : R::token_embedding;
 }
 
 BlockActivations& Model::activations(int layer) {
   return acts_[recompute_ ? 0 : layer];
-}
-
-Tensor Model::lm_head_weight(const Tensor& flat) const {
-  return table_.has(R::lm_head) ? table_.view(flat, R::lm_head)
-                                : table_.view(flat, R::token_embedding);
 }
 
 void Model::forward(const MicroBatch& batch) {
@@ -139,75 +146,65 @@ void Model::forward(const MicroBatch& batch) {
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
   backend_.upload(tokens_, batch.inputs.data());
   backend_.upload(targets_, batch.targets.data());
-  const Tensor& p = weights();
-  Tensor wpe = table_.has(R::position_embedding) ? table_.view(p, R::position_embedding) : Tensor();
   backend_.embedding_forward(
       residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
-      table_.view(p, R::token_embedding), wpe, shape_.pos_offset);
+      weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
   for (int layer = 0; layer < model_.n_layers; ++layer)
-    block_.forward(layer_tensors(table_, p, layer), shape_, residuals_[layer],
-                   residuals_[layer + 1], activations(layer), scratch_);
+    block_.forward(layer_view(layer, false), shape_, residuals_[layer], residuals_[layer + 1],
+                   activations(layer), scratch_);
   final_norm_forward();
 }
 
 void Model::final_norm_forward() {
-  const Tensor& p = weights();
   const Tensor& x = residuals_.back().tensor();
   const float eps = float(model_.norm_eps);
   if (model_.family == "llama") {
-    backend_.rmsnorm_forward(final_norm_out_, final_rstd_, x, table_.view(p, R::final_norm_weight),
-                             eps);
+    backend_.rmsnorm_forward(final_norm_out_, final_rstd_, x, weight(R::final_norm_weight), eps);
   } else {
     backend_.layernorm_forward(final_norm_out_, final_mean_, final_rstd_, x,
-                               table_.view(p, R::final_norm_weight),
-                               table_.view(p, R::final_norm_bias), eps);
+                               weight(R::final_norm_weight), weight(R::final_norm_bias), eps);
   }
 }
 
 void Model::final_norm_backward(const Tensor& dhidden) {
-  const Tensor& p = weights();
-  const Tensor& g = grads_.tensor();
   const Tensor& x = residuals_.back().tensor();
   backend_.fill_zero(dresidual_);
   if (model_.family == "llama") {
-    backend_.rmsnorm_backward(dresidual_, table_.view(g, R::final_norm_weight), dhidden, x,
-                              table_.view(p, R::final_norm_weight), final_rstd_);
+    backend_.rmsnorm_backward(dresidual_, gradient(R::final_norm_weight), dhidden, x,
+                              weight(R::final_norm_weight), final_rstd_);
   } else {
-    backend_.layernorm_backward(dresidual_, table_.view(g, R::final_norm_weight),
-                                table_.view(g, R::final_norm_bias), dhidden, x,
-                                table_.view(p, R::final_norm_weight), final_mean_, final_rstd_);
+    backend_.layernorm_backward(dresidual_, gradient(R::final_norm_weight),
+                                gradient(R::final_norm_bias), dhidden, x,
+                                weight(R::final_norm_weight), final_mean_, final_rstd_);
   }
 }
 
 LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   forward(batch);
-  const Tensor& p = weights();
-  const Tensor& g = grads_.tensor();
   LossResult loss =
-      backend_.lm_head_loss(final_norm_out_, lm_head_weight(p), targets_, memory_.loss_tile_tokens,
-                            grad_scale, dhidden_, lm_head_weight(g));
+      backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
+                            memory_.loss_tile_tokens, grad_scale, dhidden_, gradient(lm_head_role()));
   final_norm_backward(dhidden_);
   for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
-    const LayerTensors weights = layer_tensors(table_, p, layer);
+    const LayerTensors weights = layer_view(layer, false);
     // The shared set still holds the last block's activations from the forward pass.
     // Recomputing writes the same bits into residuals_[layer + 1], no longer needed.
     if (recompute_ && layer != model_.n_layers - 1)
       block_.forward(weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0], scratch_);
-    block_.backward(weights, layer_tensors(table_, g, layer), shape_, residuals_[layer],
-                    activations(layer), scratch_, dresidual_);
+    block_.backward(weights, layer_view(layer, true), shape_, residuals_[layer], activations(layer),
+                    scratch_, dresidual_);
   }
-  Tensor dwpe =
-      table_.has(R::position_embedding) ? table_.view(g, R::position_embedding) : Tensor();
   backend_.embedding_backward(
-      table_.view(g, R::token_embedding), dwpe,
+      gradient(R::token_embedding), gradient(R::position_embedding),
       dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
       shape_.pos_offset);
+  state_.finish_backward();
   return loss;
 }
 
 LossResult Model::evaluate(const MicroBatch& batch) {
   forward(batch);
-  return backend_.lm_head_loss(final_norm_out_, lm_head_weight(weights()), targets_,
+  return backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
                                memory_.loss_tile_tokens, 1.0f, Tensor(), Tensor());
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "parallel/ulysses_attention.h"
+#include "parallel/zero_state.h"
 
 namespace ulysses {
 
@@ -28,28 +29,26 @@ struct MicroBatch {
 
 class Model {
  public:
-  // Allocates parameters, gradients and the activations for micro-batches of `batch`
-  // sequences of seq_local tokens; sp_comm is this rank's sequence-parallel group. The
-  // flat parameter and gradient buffers are padded to `flat_blocks` equal blocks (the
-  // ZeRO shards; 1 = no padding).
-  Model(const Config& config, Backend& backend, Comm& sp_comm, int64_t batch, int64_t seq_local,
-        int flat_blocks = 1);
+  // Allocates the training state, sharded over `world` as parallel.zero_stage says (units
+  // of at most parallel.bucket_mb), and the activations for micro-batches of `batch`
+  // sequences of seq_local tokens; sp_comm is this rank's sequence-parallel group.
+  Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world, int64_t batch,
+        int64_t seq_local);
 
   const ParamTable& table() const { return table_; }
-  // fp32 master weights (what the optimizer updates and checkpoints hold), laid out by
-  // the parameter table.
-  Tensor params() const { return params_.tensor().flat_range(0, table_.total_numel()); }
-  Tensor grads() const { return grads_.tensor().flat_range(0, table_.total_numel()); }
-  // The same buffers with their zero padding to flat_blocks equal blocks.
-  const Tensor& padded_params() const { return params_.tensor(); }
-  const Tensor& padded_grads() const { return grads_.tensor(); }
   int64_t num_params() const { return table_.total_numel(); }
+  // Weights, gradients and master weights, whole or sharded (parallel/zero_state.h).
+  ZeroState& state() { return state_; }
+  const ZeroState& state() const { return state_; }
 
-  // Deterministic in seed: every rank of every world size gets the same weights.
+  // Collective. Deterministic in seed: every rank of every world size gets the same weights.
   void init_weights(uint64_t seed);
-  // After params() changed (optimizer step, load): refreshes the copy in the backend's
-  // compute dtype that forward and backward read (a no-op when that is f32).
-  void refresh_compute_params();
+  // Collective; host holds num_params() f32 values laid out by the table.
+  void load_weights(const float* host);
+  // Collective; host may be null on ranks that do not need the values.
+  void download_weights(float* host);
+  // The reduced gradient of the last step (stage 0 before reduction: this rank's).
+  void download_gradients(float* host);
   void zero_grads();
 
   // Forward, fused loss and backward; gradients accumulate (scaled by grad_scale).
@@ -59,9 +58,19 @@ class Model {
 
  private:
   void forward(const MicroBatch& batch);
-  // The weights forward/backward read: params_ itself, or its low-precision copy.
-  const Tensor& weights() const;
-  Tensor lm_head_weight(const Tensor& flat) const;
+  // Views of the weights (or gradients) that forward/backward use, through the ZeRO state:
+  // a tensor outside the blocks (empty when the family has none), or one layer's tensors.
+  struct UnitWindow {
+    Tensor tensor;  // the unit's elements
+    int64_t begin;  // flat index of its first element
+  };
+  UnitWindow unit_window(int64_t element, bool gradients);
+  Tensor outside_blocks(ParamRole role, bool gradients);
+  Tensor weight(ParamRole role) { return outside_blocks(role, false); }
+  Tensor gradient(ParamRole role) { return outside_blocks(role, true); }
+  LayerTensors layer_view(int index, bool gradients);
+  // lm_head, or the token embedding it is tied to (gpt2).
+  ParamRole lm_head_role() const;
   BlockActivations& activations(int layer);
   void final_norm_forward();
   void final_norm_backward(const Tensor& dhidden);
@@ -71,8 +80,7 @@ class Model {
   Backend& backend_;
   ParamTable table_;
   BlockShape shape_;
-  Buffer params_, grads_;
-  Buffer compute_params_;  // only when the compute dtype is not f32
+  ZeroState state_;
   UlyssesAttention attention_;
   Block block_;
 

@@ -21,38 +21,39 @@ float clip_scale(double grad_norm, double max_norm) {
 }
 
 AdamW::AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train,
-             ShardRange shard)
+             const ShardLayout& layout)
     : backend_(backend),
       table_(table),
       train_(train),
-      shard_(shard),
-      m_(backend.alloc(MemCategory::optimizer, DType::f32, {shard.size()}, "adam m")),
-      v_(backend.alloc(MemCategory::optimizer, DType::f32, {shard.size()}, "adam v")) {
+      segments_(layout.segments()),
+      m_(backend.alloc(MemCategory::optimizer, DType::f32, {layout.shard_numel()}, "adam m")),
+      v_(backend.alloc(MemCategory::optimizer, DType::f32, {layout.shard_numel()}, "adam v")) {
   if (backend.memory().planning()) return;  // --dry-run: charged, never touched
   backend.fill_zero(m_);
   backend.fill_zero(v_);
 }
 
-void AdamW::update(const Tensor& params, const Tensor& grad_shard, float lr, float grad_scale,
+void AdamW::update(const Tensor& master, const Tensor& gradient, float lr, float grad_scale,
                    int64_t step) {
-  for (const ParamSpec& spec : table_.specs()) {
-    // The part of this tensor inside the shard.
-    const int64_t begin = std::max(spec.offset, shard_.begin);
-    const int64_t end = std::min(spec.offset + spec.numel, shard_.end);
-    if (begin >= end) continue;
-    AdamWStep hyper;
-    hyper.lr = lr;
-    hyper.beta1 = float(train_.beta1);
-    hyper.beta2 = float(train_.beta2);
-    hyper.eps = float(train_.eps);
-    hyper.weight_decay = spec.weight_decay ? float(train_.weight_decay) : 0.0f;
-    hyper.step = step;
-    hyper.grad_scale = grad_scale;
-    auto in_shard = [&](const Tensor& shard_buffer) {
-      return shard_buffer.flat_range(begin - shard_.begin, end - begin);
-    };
-    backend_.adamw(params.flat_range(begin, end - begin), in_shard(grad_shard), in_shard(m_),
-                   in_shard(v_), hyper);
+  AdamWStep hyper;
+  hyper.lr = lr;
+  hyper.beta1 = float(train_.beta1);
+  hyper.beta2 = float(train_.beta2);
+  hyper.eps = float(train_.eps);
+  hyper.step = step;
+  hyper.grad_scale = grad_scale;
+  for (const ShardSegment& segment : segments_) {
+    for (const ParamSpec& spec : table_.specs()) {
+      // The part of this tensor inside the segment, and where it sits in the shard.
+      const int64_t begin = std::max(spec.offset, segment.begin);
+      const int64_t end = std::min(spec.offset + spec.numel, segment.end);
+      if (begin >= end) continue;
+      hyper.weight_decay = spec.weight_decay ? float(train_.weight_decay) : 0.0f;
+      auto in_shard = [&](const Tensor& shard) {
+        return shard.flat_range(segment.shard_begin + (begin - segment.begin), end - begin);
+      };
+      backend_.adamw(in_shard(master), in_shard(gradient), in_shard(m_), in_shard(v_), hyper);
+    }
   }
 }
 

@@ -3,11 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/config.h"
 #include "core/params.h"
 #include "kernels/backend.h"
-#include "parallel/zero.h"
+#include "parallel/shard_layout.h"
 
 namespace ulysses {
 
@@ -19,19 +20,20 @@ double learning_rate(const TrainConfig& train, int64_t step);
 // (1 when max_norm is 0 or the norm is already below it).
 float clip_scale(double grad_norm, double max_norm);
 
-// Holds the moments of the elements [shard.begin, shard.end) of the flat parameter
-// buffer: all of it, or this rank's ZeRO shard.
+// Holds the moments of this rank's part of the flat parameter buffer, in the shard space of
+// a ZeRO layout (parallel/shard_layout.h): all of it for a world of one rank.
 class AdamW {
  public:
-  AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train, ShardRange shard);
+  AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train,
+        const ShardLayout& layout);
 
-  // Updates params[shard] from grad_shard (the gradients of the shard's elements, f32);
-  // decay applies to the tensors the table marks. step is 1-based (bias correction).
-  void update(const Tensor& params, const Tensor& grad_shard, float lr, float grad_scale,
+  // Updates master from gradient (both f32 in the layout's shard space); decay applies to
+  // the tensors the table marks. step is 1-based (bias correction).
+  void update(const Tensor& master, const Tensor& gradient, float lr, float grad_scale,
               int64_t step);
 
-  const ShardRange& shard() const { return shard_; }
-  // [shard.size()] each.
+  const std::vector<ShardSegment>& segments() const { return segments_; }
+  // [layout.shard_numel()] each; padding stays zero.
   const Tensor& first_moment() const { return m_.tensor(); }
   const Tensor& second_moment() const { return v_.tensor(); }
 
@@ -39,7 +41,7 @@ class AdamW {
   Backend& backend_;
   const ParamTable& table_;
   const TrainConfig& train_;
-  ShardRange shard_;
+  std::vector<ShardSegment> segments_;
   Buffer m_, v_;
 };
 

@@ -110,14 +110,31 @@ std::pair<int64_t, int64_t> ParamTable::layer_range(int layer) const {
   return {begin, end};
 }
 
-Tensor ParamTable::view(const Tensor& flat, const ParamSpec& spec) const {
-  Tensor whole = flat.flat_range(spec.offset, spec.numel);
+Tensor ParamTable::view(const Tensor& window, int64_t window_begin, const ParamSpec& spec) const {
+  if (spec.offset < window_begin || spec.offset + spec.numel > window_begin + window.numel())
+    throw std::logic_error("parameter " + spec.name + " lies outside the window of elements [" +
+                           std::to_string(window_begin) + ", " +
+                           std::to_string(window_begin + window.numel()) + ")");
+  Tensor whole = window.flat_range(spec.offset - window_begin, spec.numel);
   if (spec.shape.size() == 1) return whole;
   return whole.reshape({spec.shape[0], spec.shape[1]});
 }
 
-Tensor ParamTable::view(const Tensor& flat, ParamRole role, int layer) const {
-  return view(flat, find(role, layer));
+std::vector<int64_t> shard_unit_ends(const ParamTable& table, int64_t bucket_elements) {
+  std::vector<int64_t> ends;
+  int64_t unit_begin = 0;
+  const std::vector<ParamSpec>& specs = table.specs();
+  for (size_t i = 1; i < specs.size(); ++i) {
+    const int layer = specs[i].layer, previous = specs[i - 1].layer;
+    if (layer == previous) continue;
+    // Layer boundaries are cut unless the next layer still fits in the unit's bucket.
+    if (layer >= 0 && previous >= 0 && table.layer_range(layer).second - unit_begin <= bucket_elements)
+      continue;
+    unit_begin = specs[i].offset;
+    ends.push_back(unit_begin);
+  }
+  ends.push_back(table.total_numel());
+  return ends;
 }
 
 }  // namespace ulysses

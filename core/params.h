@@ -63,9 +63,9 @@ class ParamTable {
   // [begin, end) of the elements of layer i in the flat buffer (layers are contiguous).
   std::pair<int64_t, int64_t> layer_range(int layer) const;
 
-  // View into a flat buffer (params, grads, moments) laid out by this table.
-  Tensor view(const Tensor& flat, ParamRole role, int layer = -1) const;
-  Tensor view(const Tensor& flat, const ParamSpec& spec) const;
+  // View of a tensor inside `window`, a buffer laid out by this table that holds the flat
+  // elements [window_begin, window_begin + window.numel()) (all of them when 0 and whole).
+  Tensor view(const Tensor& window, int64_t window_begin, const ParamSpec& spec) const;
 
  private:
   void add(ParamRole role, int layer, std::string name, std::vector<int64_t> shape,
@@ -76,5 +76,10 @@ class ParamTable {
   int n_layers_;
   int64_t total_numel_ = 0;
 };
+
+// The ZeRO units of the table (parallel/shard_layout.h), as the end of each: the tensors
+// before the first layer, then runs of whole consecutive layers of at most bucket_elements
+// each (at least one layer), then the tensors after the last layer.
+std::vector<int64_t> shard_unit_ends(const ParamTable& table, int64_t bucket_elements);
 
 }  // namespace ulysses

@@ -65,18 +65,9 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
       mesh_(mesh),
       seq_local_(config.train.seq_len / mesh.sp_size) {
   const TrainConfig& train = config.train;
-  // ZeRO-1: the world shares the optimizer state; every rank updates its shard of the
-  // weights from its shard of the reduce-scattered gradients, then the weights are gathered.
-  const bool sharded = config.parallel.zero_stage >= 1 && mesh.world->size() > 1;
-  const int blocks = sharded ? mesh.world->size() : 1;
-  model_ = std::make_unique<Model>(config, backend, *mesh.sp, train.batch_size, seq_local_, blocks);
-  const int64_t total = model_->num_params();
-  const ShardRange shard = sharded ? shard_range(total, mesh.world->rank(), blocks)
-                                   : ShardRange{0, total};
-  optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train, shard);
-  if (sharded)
-    grad_shard_ = backend.alloc(MemCategory::grads, DType::f32, {shard_block(total, blocks)},
-                                "gradient shard");
+  model_ = std::make_unique<Model>(config, backend, *mesh.sp, *mesh.world, train.batch_size,
+                                   seq_local_);
+  optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train, model_->state().layout());
   if (backend.memory().planning()) return;
   model_->init_weights(train.seed);
   train_data_ =
@@ -92,14 +83,12 @@ void Trainer::load_initial_weights() {
   if (path.empty()) return;
   std::vector<float> host(size_t(model_->num_params()));
   load_pretrained_weights(path, config_.model, model_->table(), host);
-  backend_.upload(model_->params(), host.data());
-  model_->refresh_compute_params();
+  model_->load_weights(host.data());
   if (mesh_.world->rank() == 0) spdlog::info("initial weights from {}", path);
 }
 
 void Trainer::resume(const std::string& folder) {
   step_ = checkpointer_->load(folder, *model_, *optimizer_);
-  model_->refresh_compute_params();
   if (mesh_.world->rank() == 0) spdlog::info("resumed from {} at step {}", folder, step_);
 }
 
@@ -156,21 +145,14 @@ StepResult Trainer::train_step() {
 
   StepResult result;
   result.lr = learning_rate(train, step_);
-  if (grad_shard_.empty()) {
-    if (world.size() > 1) world.all_reduce(model_->grads(), ReduceOp::sum);
-    result.grad_norm = std::sqrt(backend_.sum_squares(model_->grads()));
-    optimizer_->update(model_->params(), model_->grads(), float(result.lr),
-                       clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
-  } else {
-    reduce_scatter_shards(world, model_->padded_grads(), grad_shard_);
-    double norm_squared = backend_.sum_squares(grad_shard_);  // padding is zero
-    world.all_reduce_host(&norm_squared, 1, ReduceOp::sum);
-    result.grad_norm = std::sqrt(norm_squared);
-    optimizer_->update(model_->params(), grad_shard_, float(result.lr),
-                       clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
-    all_gather_shards(backend_, world, model_->padded_params());
-  }
-  model_->refresh_compute_params();
+  // ZeRO (parallel/zero_state.h): the reduced gradient and the master weights are whole or
+  // this rank's shard; either way the norm is over the whole gradient, so clipping is exact.
+  ZeroState& state = model_->state();
+  state.reduce_gradients();
+  result.grad_norm = std::sqrt(state.gradient_norm_squared());
+  optimizer_->update(state.master(), state.gradient_shard(), float(result.lr),
+                     clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+  state.publish_weights();
   backend_.synchronize();
   ++step_;
   result.step = step_;

@@ -66,7 +66,6 @@ class Trainer {
   int64_t seq_local_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
-  Buffer grad_shard_;  // ZeRO-1: this rank's reduce-scattered gradient block
   std::unique_ptr<Dataset> train_data_, val_data_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<MetricsWriter> metrics_;

@@ -70,9 +70,8 @@ struct StepOutcome {
 StepOutcome train_one_step(Backend& backend, const Config& config, const MicroBatch& micro,
                            const std::vector<float>& weights) {
   auto sp = make_local_comm("sp");
-  Model model(config, backend, *sp, micro.batch, micro.seq_local);
-  backend.upload(model.params(), weights.data());
-  model.refresh_compute_params();
+  Model model(config, backend, *sp, *sp, micro.batch, micro.seq_local);
+  model.load_weights(weights.data());
   int64_t counted = 0;
   for (int32_t target : micro.targets) counted += target >= 0;
   model.zero_grads();
@@ -80,11 +79,12 @@ StepOutcome train_one_step(Backend& backend, const Config& config, const MicroBa
   StepOutcome outcome;
   outcome.loss = loss.loss_sum / double(loss.count);
   outcome.grads.resize(size_t(model.num_params()));
-  backend.download(outcome.grads.data(), model.grads());
-  AdamW optimizer(backend, model.table(), config.train, ShardRange{0, model.num_params()});
-  optimizer.update(model.params(), model.grads(), float(config.train.lr), 1.0f, 1);
+  model.download_gradients(outcome.grads.data());
+  AdamW optimizer(backend, model.table(), config.train, model.state().layout());
+  optimizer.update(model.state().master(), model.state().gradient_shard(), float(config.train.lr),
+                   1.0f, 1);
   outcome.params_after.resize(size_t(model.num_params()));
-  backend.download(outcome.params_after.data(), model.params());
+  model.download_weights(outcome.params_after.data());
   return outcome;
 }
 

@@ -61,10 +61,9 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
 
   auto backend = make_backend("cpu", 0);
   auto sp = make_local_comm("sp");
-  Model model(config, *backend, *sp, batch, seq);
+  Model model(config, *backend, *sp, *sp, batch, seq);
   std::vector<float> weights = random_weights(model.table(), 11);
-  backend->upload(model.params(), weights.data());
-  model.refresh_compute_params();
+  model.load_weights(weights.data());
 
   MicroBatch micro;
   micro.batch = batch;
@@ -113,7 +112,7 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
   EXPECT_NEAR(our_loss, reference_loss, 1e-4 * std::abs(reference_loss));
 
   std::vector<float> grads(size_t(model.num_params()));
-  backend->download(grads.data(), model.grads());
+  model.download_gradients(grads.data());
   for (const ParamSpec& spec : model.table().specs()) {
     std::vector<float> expected(size_t(spec.numel));
     reference.read_f32(spec.name, spec.shape, expected.data());

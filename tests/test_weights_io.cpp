@@ -277,11 +277,10 @@ TEST_P(HfReference, ImportedModelGivesTheReferenceLoss) {
       {}, "hf.yaml");
   auto backend = make_backend("cpu", 0);
   auto sp = make_local_comm("sp");
-  Model model(config, *backend, *sp, 2, 32);
+  Model model(config, *backend, *sp, *sp, 2, 32);
   std::vector<float> weights;
   load_pretrained_weights(folder, config.model, model.table(), weights);
-  backend->upload(model.params(), weights.data());
-  model.refresh_compute_params();
+  model.load_weights(weights.data());
 
   const json batch = json::parse(testing::read_text_file(folder + "/batch.json"));
   MicroBatch micro;

@@ -59,9 +59,9 @@ Outcome train(const Config& config, Comm& world, int steps) {
   outcome.params.resize(size_t(trainer.model().num_params()));
   for (const ParamSpec& spec : trainer.model().table().specs())
     outcome.names.insert(outcome.names.end(), size_t(spec.numel), spec.name);
-  backend->download(outcome.params.data(), trainer.model().params());
+  trainer.model().download_weights(outcome.params.data());
   outcome.grads.resize(outcome.params.size());
-  backend->download(outcome.grads.data(), trainer.model().grads());
+  trainer.model().download_gradients(outcome.grads.data());
   return outcome;
 }
 
