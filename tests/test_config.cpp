@@ -400,9 +400,15 @@ TEST(ValidateForWorld, HeadChunksMustDivideTheHeadsPerRank) {
   EXPECT_NO_THROW(validate_for_world(config, 4));
 }
 
+TEST(Config, EveryZeroStageIsAccepted) {
+  for (int stage = 0; stage <= 3; ++stage)
+    EXPECT_EQ(parse_config("parallel:\n  zero_stage: " + std::to_string(stage) + "\n", {}, "c.yaml")
+                  .parallel.zero_stage,
+              stage);
+}
+
 TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"parallel:\n  zero_stage: 2\n", "parallel.zero_stage"},
       {"parallel:\n  head_chunks: 2\n", "parallel.head_chunks"},
       {"parallel:\n  overlap: true\n", "parallel.overlap"},
       {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"}};

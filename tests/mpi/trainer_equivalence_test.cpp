@@ -11,68 +11,25 @@
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"
+#include "tests/mpi/trainer_testing.h"
 
 namespace ulysses {
 namespace {
 
 using testing::MpiTest;
+using testing::tiny_training_config;
+using testing::train_for;
+using Outcome = testing::TrainingOutcome;
 
-// Adam divides by sqrt(v) + eps: a gradient that is zero up to round-off (the k bias of
-// gpt2 cannot change the softmax) would be amplified into a ±lr step that differs between
-// any two summation orders. eps = 1e-6 keeps such directions at round-off level while
-// real gradients (>= 1e-4 here) are still normalised as usual.
-Config make_config(const std::string& family, int kv_heads, int sp, int batch_size) {
-  std::string kv = family == "llama" ? ", n_kv_heads: " + std::to_string(kv_heads) : "";
-  Config config = parse_config(
-      "model: {family: " + family + ", n_layers: 2, d_model: 32, n_heads: 4" + kv +
-          ", d_ff: 48}\n"
-          "train: {steps: 3, batch_size: " +
-          std::to_string(batch_size) +
-          ", seq_len: 64, lr: 1.0e-2, warmup_steps: 1, weight_decay: 0.1, grad_accum: 2, "
-          "eps: 1.0e-6, seed: 9}\n"
-          "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n"
-          "parallel: {sp: " +
-          std::to_string(sp) + "}\n",
-      {}, "equivalence.yaml");
-  return config;
-}
-
-struct Outcome {
-  std::vector<std::string> names;  // parameter name of every element
-  std::vector<double> losses;
-  std::vector<double> grad_norms;
-  std::vector<float> params;
-  std::vector<float> grads;  // of the last step, reduced over the world
-};
-
-Outcome train(const Config& config, Comm& world, int steps) {
-  auto backend = make_backend("cpu", 0);
-  backend->set_num_threads(1);
-  Mesh mesh = make_mesh(world, config.parallel.sp);
-  Trainer trainer(config, *backend, mesh);
-  Outcome outcome;
-  for (int i = 0; i < steps; ++i) {
-    StepResult step = trainer.train_step();
-    outcome.losses.push_back(step.loss);
-    outcome.grad_norms.push_back(step.grad_norm);
-  }
-  outcome.params.resize(size_t(trainer.model().num_params()));
-  for (const ParamSpec& spec : trainer.model().table().specs())
-    outcome.names.insert(outcome.names.end(), size_t(spec.numel), spec.name);
-  trainer.model().download_weights(outcome.params.data());
-  outcome.grads.resize(outcome.params.size());
-  trainer.model().download_gradients(outcome.grads.data());
-  return outcome;
-}
 
 void expect_equivalent(const std::string& family, int kv_heads, int sp, Comm& world) {
   const int dp = world.size() / sp;
   const int batch_per_rank = 2;
-  Config distributed = make_config(family, kv_heads, sp, batch_per_rank);
-  Config single = make_config(family, kv_heads, 1, batch_per_rank * dp);
+  Config distributed = tiny_training_config(family, kv_heads, sp, batch_per_rank);
+  Config single = tiny_training_config(family, kv_heads, 1, batch_per_rank * dp);
   auto local = make_local_comm();
-  Outcome reference = train(single, *local, 3);
-  Outcome outcome = train(distributed, world, 3);
+  Outcome reference = train_for(single, *local, 3);
+  Outcome outcome = train_for(distributed, world, 3);
   for (int i = 0; i < 3; ++i) {
     EXPECT_NEAR(outcome.losses[i], reference.losses[i], 1e-5 * std::abs(reference.losses[i]))
         << "step " << i + 1;
@@ -123,63 +80,20 @@ TEST_F(TrainerEquivalence, DataParallelTimesSequenceParallel) {
 TEST_F(TrainerEquivalence, LayerCheckpointingUnderSequenceParallelism) {
   const int sp = world().size();
   for (const char* family : {"llama", "gpt2"}) {
-    Config plain = make_config(family, 4, sp, 2);
+    Config plain = tiny_training_config(family, 4, sp, 2);
     Config recomputed = plain;
     recomputed.memory.activation_checkpointing = "layer";
-    Outcome a = train(plain, world(), 3), b = train(recomputed, world(), 3);
+    Outcome a = train_for(plain, world(), 3), b = train_for(recomputed, world(), 3);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << family << " step " << i + 1;
     EXPECT_EQ(a.params, b.params) << family;
   }
-}
-
-// ZeRO-1 (optimizer state sharded over the whole world) against replicated state.
-void expect_zero_matches(const std::string& family, int sp, const std::string& checkpointing,
-                         Comm& world) {
-  Config replicated = make_config(family, 4, sp, 2);
-  replicated.memory.activation_checkpointing = checkpointing;
-  Config sharded = replicated;
-  sharded.parallel.zero_stage = 1;
-  Outcome a = train(replicated, world, 5), b = train(sharded, world, 5);
-  for (int i = 0; i < 5; ++i)
-    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i]))
-        << family << " step " << i + 1;
-  double max_difference = 0.0, max_value = 0.0;
-  for (size_t i = 0; i < a.params.size(); ++i) {
-    max_difference = std::max(max_difference, double(std::abs(a.params[i] - b.params[i])));
-    max_value = std::max(max_value, double(std::abs(a.params[i])));
-  }
-  EXPECT_LE(max_difference, 1e-6 * max_value) << family << " sp " << sp << " " << checkpointing;
-}
-
-TEST_F(TrainerEquivalence, ZeroStage1MatchesReplicatedState) {
-  const int world_size = world().size();
-  for (const char* family : {"llama", "gpt2"}) {
-    expect_zero_matches(family, world_size, "none", world());
-    expect_zero_matches(family, 1, "layer", world());
-    if (world_size == 4) expect_zero_matches(family, 2, "layer", world());
-  }
-}
-
-TEST_F(TrainerEquivalence, ZeroStage1ShardsTheOptimizerStateOverTheWorld) {
-  Config config = make_config("llama", 4, world().size(), 2);
-  config.parallel.zero_stage = 1;
-  auto backend = make_backend("cpu", 0);
-  Mesh mesh = make_mesh(world(), config.parallel.sp);
-  Trainer trainer(config, *backend, mesh);
-  const int64_t total = trainer.model().num_params();
-  const int64_t shard = (total + world().size() - 1) / world().size();
-  const int64_t optimizer_bytes = backend->memory().current(MemCategory::optimizer);
-  EXPECT_LE(optimizer_bytes, 2 * shard * 4);
-  EXPECT_GE(optimizer_bytes, 2 * (total / world().size() - 1) * 4);
-  trainer.train_step();
-  EXPECT_EQ(backend->memory().current(MemCategory::optimizer), optimizer_bytes);
 }
 
 // With sp > 1 attention keeps its own head-split q/k/v/out, so a block keeps only its local
 // attention output; the local q/k/v live in the shared scratch during the forward.
 TEST_F(TrainerEquivalence, BlocksKeepNoLocalCopiesOfQkvUnderSequenceParallelism) {
   const int sp = world().size();
-  Config config = make_config("llama", 4, sp, 2);
+  Config config = tiny_training_config("llama", 4, sp, 2);
   auto backend = make_backend("cpu", 0);
   Mesh mesh = make_mesh(world(), sp);
   Trainer trainer(config, *backend, mesh);
@@ -195,7 +109,7 @@ TEST_F(TrainerEquivalence, DataParallelOnly) {
 
 TEST_F(TrainerEquivalence, AllToAllBytesPerLayerMatchTheAnalyticVolume) {
   const int sp = world().size();
-  Config config = make_config("llama", 4, sp, 2);
+  Config config = tiny_training_config("llama", 4, sp, 2);
   auto backend = make_backend("cpu", 0);
   backend->set_num_threads(1);
   Mesh mesh = make_mesh(world(), sp);

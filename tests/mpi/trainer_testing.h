@@ -1,0 +1,30 @@
+// Small training runs shared by the multi-rank trainer tests: a tiny model on the synthetic
+// recall task, trained for a few steps, with everything a comparison needs gathered whole.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "parallel/comm.h"
+
+namespace ulysses::testing {
+
+// Two layers, d_model 32, 4 heads, seq_len 64, grad_accum 2. kv_heads is llama's only.
+Config tiny_training_config(const std::string& family, int kv_heads, int sp, int batch_size);
+
+struct TrainingOutcome {
+  std::vector<std::string> names;  // parameter name of every element
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::vector<float> params;
+  std::vector<float> grads;  // of the last step, reduced over the world
+};
+
+// Trains on the CPU backend (one thread) over world split into sp groups.
+TrainingOutcome train_for(const Config& config, Comm& world, int steps);
+
+// max |a - b| / max |reference| over the elements.
+double max_relative_difference(const std::vector<float>& value, const std::vector<float>& reference);
+
+}  // namespace ulysses::testing

@@ -1,0 +1,140 @@
+// ZeRO stages 1-3 (DESIGN.md §5) against replicated state: the same losses, gradients and
+// parameters after 5 AdamW steps for both families, with and without layer checkpointing,
+// with one unit per layer and with the default bucket; and the per-rank bytes of every
+// stage, which must shrink as 1/world up to one unit of staging or gathering.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/config.h"
+#include "core/trainer.h"
+#include "kernels/backend.h"
+#include "parallel/mesh.h"
+#include "tests/mpi/mpi_testing.h"
+#include "tests/mpi/trainer_testing.h"
+
+namespace ulysses {
+namespace {
+
+using testing::TrainingOutcome;
+
+class Zero : public testing::MpiTest {};
+
+// A bucket this small puts every layer in a unit of its own.
+constexpr double kOneLayerPerUnit = 1e-6;
+
+struct Setup {
+  int sp;
+  std::string checkpointing;
+  double bucket_mb;
+};
+
+void expect_stage_matches(const std::string& family, int stage, const Setup& setup, Comm& world) {
+  Config replicated = testing::tiny_training_config(family, 4, setup.sp, 2);
+  replicated.memory.activation_checkpointing = setup.checkpointing;
+  replicated.parallel.bucket_mb = setup.bucket_mb;
+  Config sharded = replicated;
+  sharded.parallel.zero_stage = stage;
+  const int steps = 5;
+  TrainingOutcome a = testing::train_for(replicated, world, steps);
+  TrainingOutcome b = testing::train_for(sharded, world, steps);
+  const std::string where = family + " stage " + std::to_string(stage) + " sp " +
+                            std::to_string(setup.sp) + " " + setup.checkpointing + " bucket " +
+                            std::to_string(setup.bucket_mb);
+  for (int i = 0; i < steps; ++i) {
+    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i])) << where << " step " << i + 1;
+    EXPECT_NEAR(b.grad_norms[i], a.grad_norms[i], 1e-6 * a.grad_norms[i])
+        << where << " step " << i + 1;
+  }
+  EXPECT_LE(testing::max_relative_difference(b.grads, a.grads), 1e-6) << where << ": gradients";
+  EXPECT_LE(testing::max_relative_difference(b.params, a.params), 1e-6) << where << ": parameters";
+}
+
+void expect_every_setup_matches(int stage, Comm& world) {
+  std::vector<Setup> setups = {{world.size(), "none", 25.0},
+                               {world.size(), "layer", kOneLayerPerUnit},
+                               {1, "layer", kOneLayerPerUnit}};
+  if (world.size() == 4) setups.push_back({2, "none", kOneLayerPerUnit});
+  for (const char* family : {"llama", "gpt2"})
+    for (const Setup& setup : setups) expect_stage_matches(family, stage, setup, world);
+}
+
+TEST_F(Zero, Stage1MatchesReplicatedState) { expect_every_setup_matches(1, world()); }
+TEST_F(Zero, Stage2MatchesReplicatedState) { expect_every_setup_matches(2, world()); }
+TEST_F(Zero, Stage3MatchesReplicatedState) { expect_every_setup_matches(3, world()); }
+
+struct Bytes {
+  int64_t params, grads, optimizer;
+};
+
+Bytes held_bytes(const MemoryTracker& memory) {
+  return {memory.current(MemCategory::params), memory.current(MemCategory::grads),
+          memory.current(MemCategory::optimizer)};
+}
+
+// Per rank, with f32 compute: N parameters over a world of W, units of at most U elements
+// (padded to W blocks). The shard of a unit is ceil(numel / W), so the shard of the whole
+// buffer is at most N/W + one element per unit.
+TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
+  const int world_size = world().size();
+  for (int stage = 0; stage <= 3; ++stage) {
+    Config config = testing::tiny_training_config("llama", 4, world_size, 2);
+    config.model.n_layers = 6;
+    config.parallel.zero_stage = stage;
+    config.parallel.bucket_mb = kOneLayerPerUnit;
+    auto backend = make_backend("cpu", 0);
+    Mesh mesh = make_mesh(world(), config.parallel.sp);
+    Trainer trainer(config, *backend, mesh);
+    ASSERT_EQ(backend->compute_dtype(), DType::f32);
+    const ShardLayout& layout = trainer.model().state().layout();
+    const int64_t n = trainer.model().num_params(), units = int64_t(layout.units().size());
+    const int64_t unit = layout.max_padded_unit();
+    const int64_t shard_max = 4 * (n / world_size + units), shard_min = 4 * (n / world_size);
+    const int64_t whole_max = 4 * (n + units * world_size);
+    ASSERT_LT(unit, n / 4) << "the test needs units much smaller than the model";
+    const std::string where = "stage " + std::to_string(stage);
+
+    Bytes bytes = held_bytes(backend->memory());
+    if (stage == 0) {
+      EXPECT_EQ(bytes.params, 4 * n) << where;
+      EXPECT_EQ(bytes.grads, 4 * n) << where;
+      EXPECT_EQ(bytes.optimizer, 2 * 4 * n) << where;
+    } else {
+      // Adam's two moments, plus the master weights unless stage 3 gathers from them.
+      const int copies = stage == 3 ? 2 : 3;
+      EXPECT_GE(bytes.optimizer, copies * shard_min) << where;
+      EXPECT_LE(bytes.optimizer, copies * shard_max) << where;
+    }
+    if (stage == 1) {
+      EXPECT_GE(bytes.grads, 4 * n + shard_min) << where;  // whole, and the reduced shard
+      EXPECT_LE(bytes.grads, whole_max + shard_max) << where;
+    }
+    if (stage >= 2) {
+      EXPECT_GE(bytes.grads, shard_min) << where;
+      EXPECT_LE(bytes.grads, shard_max + 4 * unit) << where;  // one unit staged
+    }
+    if (stage == 1 || stage == 2) {
+      EXPECT_GE(bytes.params, 4 * n) << where;
+      EXPECT_LE(bytes.params, whole_max) << where;
+    }
+    if (stage == 3) {
+      EXPECT_GE(bytes.params, shard_min) << where;
+      EXPECT_LE(bytes.params, shard_max + 2 * 4 * unit) << where;  // two gathered units
+    }
+
+    // A step allocates no more state: the peaks are what was charged up front.
+    backend->memory().reset_peaks();
+    trainer.train_step();
+    EXPECT_EQ(backend->memory().peak(MemCategory::params), bytes.params) << where;
+    EXPECT_EQ(backend->memory().peak(MemCategory::grads), bytes.grads) << where;
+    EXPECT_EQ(backend->memory().peak(MemCategory::optimizer), bytes.optimizer) << where;
+    // Collective staging stays within one unit.
+    EXPECT_LE(backend->memory().peak(MemCategory::comm), 4 * unit + 4 * config.train.batch_size *
+                                                                        config.train.seq_len *
+                                                                        config.model.d_model)
+        << where;
+  }
+}
+
+}  // namespace
+}  // namespace ulysses
