@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -58,6 +59,14 @@ void print_plan(const Config& config, Backend& backend, Mesh& mesh) {
   std::cout << "# world " << mesh.world->size() << " = dp " << mesh.dp_size << " x sp "
             << mesh.sp_size << "; each rank holds " << config.train.batch_size << " x "
             << config.train.seq_len / mesh.sp_size << " tokens per micro-step\n";
+  const ZeroState& state = planned.model().state();
+  const ShardLayout& layout = state.layout();
+  int64_t largest_unit = 0;
+  for (const ShardUnit& unit : layout.units()) largest_unit = std::max(largest_unit, unit.numel());
+  std::cout << "# ZeRO stage " << state.stage() << ": " << layout.units().size()
+            << " units (largest " << largest_unit << " parameters, bucket_mb "
+            << config.parallel.bucket_mb << "); each rank owns " << layout.shard_numel()
+            << " parameters of state\n";
   std::cout << "# planned tracked memory per rank (persistent buffers; kernels add scratch):\n";
   const MemoryStats& stats = backend.memory().stats();
   for (int i = 0; i < kNumMemCategories; ++i)
@@ -119,8 +128,9 @@ int run(const Options& options, Comm& world) {
   Mesh mesh = make_mesh(*compute_world, config.parallel.sp);
   set_threads(*backend, world);
   if (world.rank() == 0)
-    spdlog::info("ulysses-train: {} model, world {} = dp {} x sp {}, device {}",
-                 config.model.family, world.size(), mesh.dp_size, mesh.sp_size, backend->name());
+    spdlog::info("ulysses-train: {} model, world {} = dp {} x sp {}, ZeRO stage {}, device {}",
+                 config.model.family, world.size(), mesh.dp_size, mesh.sp_size,
+                 world.size() > 1 ? config.parallel.zero_stage : 0, backend->name());
   std::string resume_folder;
   if (!options.resume.empty()) {
     if (options.resume == "auto" && config.train.checkpoint.dir.empty())

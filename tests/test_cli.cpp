@@ -57,7 +57,7 @@ TEST(Cli, DryRunPrintsResolvedConfigParametersAndMemoryPlan) {
   auto result = run_command(kTrain + " --config " + dir.file("c.yaml") + " --dry-run");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   for (const char* text : {"parameters", "params:", "grads:", "optimizer:", "activations:",
-                           "attention:", "total:", "n_layers: 1"})
+                           "attention:", "total:", "n_layers: 1", "ZeRO stage 0: 3 units"})
     EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
   EXPECT_FALSE(std::ifstream(dir.file("metrics.jsonl")).good());
 }

@@ -108,48 +108,54 @@ TEST(MpiCli, SequenceParallelRunWritesCommunicationMetrics) {
   EXPECT_EQ(steps, 3);
 }
 
+// Replicated and ZeRO-3 state alike (gpt2: the tied embedding is gathered at both ends).
 TEST(MpiCli, ResumeUnderMpirunContinuesWithTheSameLosses) {
-  TempDir dir;
-  auto yaml = [&](const std::string& name) {
-    return std::string("model: {family: gpt2, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n") +
-           "train: {steps: 4, batch_size: 1, seq_len: 64, seed: 3, checkpoint: {dir: " +
-           dir.file(name + "_ckpt") + ", every: 1}}\n" +
-           "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n" +
-           "parallel: {sp: 2}\nlog: {metrics_file: " + dir.file(name + ".jsonl") + "}\n";
-  };
-  testing::write_text_file(dir.file("a.yaml"), yaml("a"));
-  testing::write_text_file(dir.file("b.yaml"), yaml("b"));
-  auto a = run_command(mpirun(4, "--config " + dir.file("a.yaml")));
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  auto b = run_command(mpirun(
-      4, "--config " + dir.file("b.yaml") + " --resume " + dir.file("a_ckpt/step_00000002")));
-  ASSERT_EQ(b.exit_code, 0) << b.output;
-  std::vector<double> full = testing::read_step_losses(dir.file("a.jsonl"));
-  std::vector<double> resumed = testing::read_step_losses(dir.file("b.jsonl"));
-  ASSERT_EQ(full.size(), 4u);
-  ASSERT_EQ(resumed.size(), 2u);
-  EXPECT_EQ(resumed[0], full[2]);
-  EXPECT_EQ(resumed[1], full[3]);
+  for (int stage : {0, 3}) {
+    TempDir dir;
+    auto yaml = [&](const std::string& name) {
+      return std::string(
+                 "model: {family: gpt2, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n") +
+             "train: {steps: 4, batch_size: 1, seq_len: 64, seed: 3, checkpoint: {dir: " +
+             dir.file(name + "_ckpt") + ", every: 1}}\n" +
+             "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n" +
+             "parallel: {sp: 2, zero_stage: " + std::to_string(stage) +
+             "}\nlog: {metrics_file: " + dir.file(name + ".jsonl") + "}\n";
+    };
+    testing::write_text_file(dir.file("a.yaml"), yaml("a"));
+    testing::write_text_file(dir.file("b.yaml"), yaml("b"));
+    auto a = run_command(mpirun(4, "--config " + dir.file("a.yaml")));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    auto b = run_command(mpirun(
+        4, "--config " + dir.file("b.yaml") + " --resume " + dir.file("a_ckpt/step_00000002")));
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    std::vector<double> full = testing::read_step_losses(dir.file("a.jsonl"));
+    std::vector<double> resumed = testing::read_step_losses(dir.file("b.jsonl"));
+    ASSERT_EQ(full.size(), 4u);
+    ASSERT_EQ(resumed.size(), 2u);
+    EXPECT_EQ(resumed[0], full[2]) << "zero stage " << stage;
+    EXPECT_EQ(resumed[1], full[3]) << "zero stage " << stage;
+  }
 }
 
-// ZeRO-1 checkpoints hold one optimizer file per rank; resuming on another world size
-// reshards them and continues with the same losses (the global batch is the same: dp × B
-// sequences of the same indices).
+// Sharded checkpoints hold one optimizer file per rank; resuming on another world size and
+// under another ZeRO stage reshards them and continues with the same losses (the global
+// batch is the same: dp × B sequences of the same indices).
 TEST(MpiCli, ShardedCheckpointResumesOnAnotherWorldSize) {
   TempDir dir;
-  auto yaml = [&](const std::string& name, int batch) {
-    return std::string("model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n") +
+  auto yaml = [&](const std::string& name, int batch, int stage) {
+    return std::string("model: {family: llama, n_layers: 2, d_model: 32, n_heads: 4, d_ff: 64}\n") +
            "train: {steps: 5, batch_size: " + std::to_string(batch) +
            ", seq_len: 64, seed: 3, checkpoint: {dir: " + dir.file(name + "_ckpt") +
            ", every: 1}}\n" +
            "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n" +
-           "parallel: {sp: 2, zero_stage: 1}\nlog: {metrics_file: " + dir.file(name + ".jsonl") +
-           "}\n";
+           "parallel: {sp: 2, zero_stage: " + std::to_string(stage) +
+           ", bucket_mb: 1.0e-6}\nlog: {metrics_file: " + dir.file(name + ".jsonl") + "}\n";
   };
   // 4 ranks = dp 2 x sp 2 with 1 sequence each; 2 ranks = dp 1 x sp 2 with 2 sequences.
-  testing::write_text_file(dir.file("four.yaml"), yaml("four", 1));
-  testing::write_text_file(dir.file("two.yaml"), yaml("two", 2));
-  testing::write_text_file(dir.file("back.yaml"), yaml("back", 1));
+  // Stage 3 on 4 ranks, then stage 2 on 2, then stage 1 on 4, one unit per layer.
+  testing::write_text_file(dir.file("four.yaml"), yaml("four", 1, 3));
+  testing::write_text_file(dir.file("two.yaml"), yaml("two", 2, 2));
+  testing::write_text_file(dir.file("back.yaml"), yaml("back", 1, 1));
   auto four = run_command(mpirun(4, "--config " + dir.file("four.yaml")));
   ASSERT_EQ(four.exit_code, 0) << four.output;
   for (int shard = 0; shard < 4; ++shard)
