@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint.h"
+#include "core/file_util.h"
+#include "core/safetensors.h"
 #include "data/token_stream.h"
 #include "tests/testing.h"
 
@@ -143,6 +145,63 @@ TEST_F(CheckpointFixture, UnknownFormatVersionIsRefused) {
   auto result = resume(step(6));
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("format_version 99"), std::string::npos) << result.output;
+}
+
+// Rewrites step's optimizer file with the given metadata (same moments) and fixes the
+// manifest, as a checkpoint written that way would be.
+void rewrite_optimizer_metadata(const std::string& step_dir,
+                                const std::map<std::string, std::string>& metadata) {
+  const std::string name = "optimizer-00000-of-00001.safetensors";
+  const std::string path = step_dir + "/" + name;
+  SafetensorsWriter writer;
+  {
+    SafetensorsReader reader(path);
+    for (const char* tensor : {"exp_avg", "exp_avg_sq"}) {
+      const std::vector<int64_t> shape = reader.entry(tensor).shape;
+      std::vector<float> values(static_cast<size_t>(shape[0]));
+      reader.read_f32(tensor, shape, values.data());
+      writer.add(tensor, shape, values.data());
+    }
+  }
+  for (const auto& [key, value] : metadata) writer.set_metadata(key, value);
+  writer.write(path);
+  auto manifest = nlohmann::json::parse(testing::read_text_file(step_dir + "/manifest.json"));
+  manifest["files"][name]["bytes"] = int64_t(fs::file_size(path));
+  manifest["files"][name]["crc32"] = crc32_of_file(path);
+  testing::write_text_file(step_dir + "/manifest.json", manifest.dump(2));
+}
+
+// Checkpoints from before ZeRO units name one range with "begin" and "end".
+TEST_F(CheckpointFixture, OptimizerFileWithOneBeginEndRangeStillResumesBitExactly) {
+  const std::string total = SafetensorsReader(step(3) + "/optimizer-00000-of-00001.safetensors")
+                                .metadata()
+                                .at("total");
+  rewrite_optimizer_metadata(step(3), {{"begin", "0"}, {"end", total}, {"total", total}});
+  testing::write_text_file(dir_.file("b.yaml"), config_yaml("llama", data_, dir_.file("ckpt_b"),
+                                                            dir_.file("b.jsonl")));
+  auto run = run_command(kTrain + " --config " + dir_.file("b.yaml") + " --resume " + step(3));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<double> full = testing::read_step_losses(dir_.file("m.jsonl"));
+  std::vector<double> resumed = testing::read_step_losses(dir_.file("b.jsonl"));
+  ASSERT_EQ(resumed.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[size_t(i) + 3]) << "step " << i + 4;
+}
+
+TEST_F(CheckpointFixture, OptimizerRangesThatDoNotCoverTheModelAreRefused) {
+  const std::string total = SafetensorsReader(step(6) + "/optimizer-00000-of-00001.safetensors")
+                                .metadata()
+                                .at("total");
+  const int64_t half = std::stoll(total) / 2;
+  // The same number of elements, but the second half's moments claim to be the first's.
+  rewrite_optimizer_metadata(step(6), {{"ranges", "[[0, " + std::to_string(half) + "], [0, " +
+                                                      std::to_string(std::stoll(total) - half) +
+                                                      "]]"},
+                                       {"total", total}});
+  auto result = resume(step(6));
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("optimizer-00000-of-00001.safetensors"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("ranges must be in order"), std::string::npos) << result.output;
 }
 
 TEST_F(CheckpointFixture, KeepLastPrunesOnlyOlderCompleteCheckpoints) {
