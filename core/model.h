@@ -60,6 +60,9 @@ class Model {
   void forward(const MicroBatch& batch);
   // Views of the weights (or gradients) that forward/backward use, through the ZeRO state:
   // a tensor outside the blocks (empty when the family has none), or one layer's tensors.
+  // Under ZeRO-3 a weight view is valid until the weights of another unit are asked for,
+  // so every backend call takes the weights of one unit (the tensors before the first
+  // layer form one unit, those after the last another).
   struct UnitWindow {
     Tensor tensor;  // the unit's elements
     int64_t begin;  // flat index of its first element

@@ -39,9 +39,8 @@ ZeroState::ZeroState(Backend& backend, Comm& world, int stage,
   if (stage_ >= 2)
     staging_ = backend.alloc(MemCategory::grads, DType::f32, {unit}, "gradient of one unit");
   if (stage_ == 3)
-    for (GatherSlot& slot : slots_)
-      slot.buffer = backend.alloc(MemCategory::params, compute_dtype_, {unit},
-                                  "gathered weights of one unit");
+    gathered_ = backend.alloc(MemCategory::params, compute_dtype_, {unit},
+                              "gathered weights of one unit");
   if (backend.memory().planning()) return;  // --dry-run: charged, never touched
   // Padding must stay zero: it is reduced, gathered and summed in the gradient norm.
   for (Buffer* buffer : {&whole_weights_, &compute_copy_, &master_, &whole_grads_, &grad_shard_})
@@ -64,18 +63,12 @@ Tensor ZeroState::weights(int unit) {
     const Tensor& whole = compute_copy_.empty() ? whole_weights_.tensor() : compute_copy_.tensor();
     return whole.flat_range(u.padded_begin, u.numel());
   }
-  ++uses_;
-  for (GatherSlot& slot : slots_) {
-    if (slot.unit != unit) continue;
-    slot.last_use = uses_;
-    return slot.buffer.tensor().flat_range(0, u.numel());
+  const Tensor gathered = gathered_.tensor().flat_range(0, u.block * layout_.world());
+  if (gathered_unit_ != unit) {
+    const Tensor& source = compute_copy_.empty() ? master_.tensor() : compute_copy_.tensor();
+    world_.all_gather(shard_block(source, unit), gathered);
+    gathered_unit_ = unit;
   }
-  GatherSlot& slot = slots_[0].last_use <= slots_[1].last_use ? slots_[0] : slots_[1];
-  slot.unit = unit;
-  slot.last_use = uses_;
-  const Tensor& source = compute_copy_.empty() ? master_.tensor() : compute_copy_.tensor();
-  const Tensor gathered = slot.buffer.tensor().flat_range(0, u.block * layout_.world());
-  world_.all_gather(shard_block(source, unit), gathered);
   return gathered.flat_range(0, u.numel());
 }
 
@@ -165,10 +158,7 @@ void ZeroState::publish_weights() {
     }
   } else {
     if (!compute_copy_.empty()) backend_.cast(compute_copy_, master_);
-    for (GatherSlot& slot : slots_) {
-      slot.unit = -1;
-      slot.last_use = 0;
-    }
+    gathered_unit_ = -1;
   }
 }
 

@@ -8,7 +8,8 @@
 //   1      whole                   whole, reduce-scattered per unit shard
 //   2      whole                   one unit at a time, reduce-      shard
 //                                  scattered as backward finishes it
-//   3      gathered per unit       as stage 2                       shard
+//   3      gathered one unit at a  as stage 2                       shard
+//          time
 //
 // The optimizer moments live in the same shard space (layout().shard_numel() elements).
 // With a world of one rank every stage behaves as stage 0.
@@ -26,7 +27,7 @@ namespace ulysses {
 class ZeroState {
  public:
   // unit_ends as for ShardLayout. Buffers are charged to the tracking allocator at once:
-  // params (whole weights, or the stage-3 shard and its two gather buffers), grads (whole
+  // params (whole weights, or the stage-3 shard and its gather buffer), grads (whole
   // gradient, shard, stage-2/3 staging buffer of one unit), optimizer (the master shard when
   // the rank also holds whole weights).
   ZeroState(Backend& backend, Comm& world, int stage, const std::vector<int64_t>& unit_ends);
@@ -36,9 +37,10 @@ class ZeroState {
 
   // ---- forward and backward ------------------------------------------------------------
   // The unit's weights in the compute dtype (its numel() elements, flat element
-  // unit.begin first). Stage 3 all-gathers the unit into one of two gather buffers, so at
-  // most two units' views are valid at once; gathered units stay until evicted or until
-  // the weights change.
+  // unit.begin first). Stage 3 all-gathers the unit into its one gather buffer (sized for
+  // the largest unit), so a view is valid only until weights of another unit are asked
+  // for: every op of the model reads the weights of one unit. The gathered unit stays
+  // until another one is gathered or the weights change.
   Tensor weights(int unit);
   // The unit's f32 gradient to accumulate into (same indexing). Stages 2 and 3 hold one
   // unit at a time: asking for another reduce-scatters the one held into the shard first,
@@ -100,13 +102,8 @@ class ZeroState {
   int staging_unit_ = -1;
   std::vector<bool> reduced_;  // per unit: reduce-scattered already in this step
 
-  struct GatherSlot {
-    Buffer buffer;
-    int unit = -1;
-    int64_t last_use = 0;
-  };
-  GatherSlot slots_[2];  // stage 3
-  int64_t uses_ = 0;
+  Buffer gathered_;  // stage 3: the weights of one unit, padded
+  int gathered_unit_ = -1;
 };
 
 }  // namespace ulysses
