@@ -76,11 +76,13 @@ std::vector<std::pair<int64_t, int64_t>> optimizer_file_ranges(const Safetensors
   std::vector<std::pair<int64_t, int64_t>> ranges;
   if (metadata.count("ranges")) {
     const json list = json::parse(metadata.at("ranges"), nullptr, false);
-    if (!list.is_array()) throw CheckpointError("'" + file.path() + "': metadata ranges is not a list");
+    if (!list.is_array())
+      throw CheckpointError("'" + file.path() + "': metadata ranges is not a list");
     for (const json& range : list) {
       if (!range.is_array() || range.size() != 2 || !range[0].is_number_integer() ||
           !range[1].is_number_integer())
-        throw CheckpointError("'" + file.path() + "': a range is not [begin, end]: " + range.dump());
+        throw CheckpointError("'" + file.path() +
+                              "': a range is not [begin, end]: " + range.dump());
       ranges.emplace_back(range[0].get<int64_t>(), range[1].get<int64_t>());
     }
   } else {

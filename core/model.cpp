@@ -106,13 +106,21 @@ void Model::init_weights(uint64_t seed) {
   load_weights(host.data());
 }
 
-void Model::load_weights(const float* host) { state_.upload_weights(host); }
+void Model::load_weights(const float* host) {
+  state_.upload_weights(host);
+}
 
-void Model::download_weights(float* host) { state_.download_weights(host); }
+void Model::download_weights(float* host) {
+  state_.download_weights(host);
+}
 
-void Model::download_gradients(float* host) { state_.download_gradients(host); }
+void Model::download_gradients(float* host) {
+  state_.download_gradients(host);
+}
 
-void Model::zero_grads() { state_.zero_gradients(); }
+void Model::zero_grads() {
+  state_.zero_gradients();
+}
 
 Model::UnitWindow Model::unit_window(int64_t element, bool gradients) {
   const int unit = state_.layout().unit_of(element);
@@ -181,9 +189,9 @@ void Model::final_norm_backward(const Tensor& dhidden) {
 
 LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   forward(batch);
-  LossResult loss =
-      backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
-                            memory_.loss_tile_tokens, grad_scale, dhidden_, gradient(lm_head_role()));
+  LossResult loss = backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
+                                          memory_.loss_tile_tokens, grad_scale, dhidden_,
+                                          gradient(lm_head_role()));
   final_norm_backward(dhidden_);
   for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
     const LayerTensors weights = layer_view(layer, false);

@@ -128,7 +128,8 @@ std::vector<int64_t> shard_unit_ends(const ParamTable& table, int64_t bucket_ele
     const int layer = specs[i].layer, previous = specs[i - 1].layer;
     if (layer == previous) continue;
     // Layer boundaries are cut unless the next layer still fits in the unit's bucket.
-    if (layer >= 0 && previous >= 0 && table.layer_range(layer).second - unit_begin <= bucket_elements)
+    if (layer >= 0 && previous >= 0 &&
+        table.layer_range(layer).second - unit_begin <= bucket_elements)
       continue;
     unit_begin = specs[i].offset;
     ends.push_back(unit_begin);

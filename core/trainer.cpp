@@ -65,8 +65,8 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
       mesh_(mesh),
       seq_local_(config.train.seq_len / mesh.sp_size) {
   const TrainConfig& train = config.train;
-  model_ = std::make_unique<Model>(config, backend, *mesh.sp, *mesh.world, train.batch_size,
-                                   seq_local_);
+  model_ =
+      std::make_unique<Model>(config, backend, *mesh.sp, *mesh.world, train.batch_size, seq_local_);
   optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train, model_->state().layout());
   if (backend.memory().planning()) return;
   model_->init_weights(train.seed);

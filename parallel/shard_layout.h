@@ -17,7 +17,7 @@
 namespace ulysses {
 
 struct ShardUnit {
-  int64_t begin = 0;         // flat [begin, end)
+  int64_t begin = 0;  // flat [begin, end)
   int64_t end = 0;
   int64_t block = 0;         // elements per rank, ceil((end - begin) / world)
   int64_t padded_begin = 0;  // where the unit starts in padded space

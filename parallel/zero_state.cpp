@@ -20,27 +20,28 @@ ZeroState::ZeroState(Backend& backend, Comm& world, int stage,
   if (stage_ == 0) {
     whole_weights_ = backend.alloc(MemCategory::params, DType::f32, {padded}, "parameters");
     if (low_precision)
-      compute_copy_ = backend.alloc(MemCategory::params, compute_dtype_, {padded},
-                                    "parameters (compute copy)");
+      compute_copy_ =
+          backend.alloc(MemCategory::params, compute_dtype_, {padded}, "parameters (compute copy)");
   } else if (stage_ <= 2) {
     whole_weights_ = backend.alloc(MemCategory::params, compute_dtype_, {padded}, "parameters");
   }
   // The master shard is optimizer state unless it is itself what stage 3 gathers.
   if (sharded())
-    master_ = backend.alloc(stage_ == 3 && !low_precision ? MemCategory::params
-                                                          : MemCategory::optimizer,
-                            DType::f32, {shard}, "master weights shard");
+    master_ =
+        backend.alloc(stage_ == 3 && !low_precision ? MemCategory::params : MemCategory::optimizer,
+                      DType::f32, {shard}, "master weights shard");
   if (stage_ == 3 && low_precision)
     compute_copy_ = backend.alloc(MemCategory::params, compute_dtype_, {shard},
                                   "parameter shard (compute copy)");
-  if (stage_ <= 1) whole_grads_ = backend.alloc(MemCategory::grads, DType::f32, {padded}, "gradients");
+  if (stage_ <= 1)
+    whole_grads_ = backend.alloc(MemCategory::grads, DType::f32, {padded}, "gradients");
   if (sharded())
     grad_shard_ = backend.alloc(MemCategory::grads, DType::f32, {shard}, "gradient shard");
   if (stage_ >= 2)
     staging_ = backend.alloc(MemCategory::grads, DType::f32, {unit}, "gradient of one unit");
   if (stage_ == 3)
-    gathered_ = backend.alloc(MemCategory::params, compute_dtype_, {unit},
-                              "gathered weights of one unit");
+    gathered_ =
+        backend.alloc(MemCategory::params, compute_dtype_, {unit}, "gathered weights of one unit");
   if (backend.memory().planning()) return;  // --dry-run: charged, never touched
   // Padding must stay zero: it is reduced, gathered and summed in the gradient norm.
   for (Buffer* buffer : {&whole_weights_, &compute_copy_, &master_, &whole_grads_, &grad_shard_})

@@ -173,12 +173,11 @@ void rewrite_optimizer_metadata(const std::string& step_dir,
 
 // Checkpoints from before ZeRO units name one range with "begin" and "end".
 TEST_F(CheckpointFixture, OptimizerFileWithOneBeginEndRangeStillResumesBitExactly) {
-  const std::string total = SafetensorsReader(step(3) + "/optimizer-00000-of-00001.safetensors")
-                                .metadata()
-                                .at("total");
+  const std::string total =
+      SafetensorsReader(step(3) + "/optimizer-00000-of-00001.safetensors").metadata().at("total");
   rewrite_optimizer_metadata(step(3), {{"begin", "0"}, {"end", total}, {"total", total}});
-  testing::write_text_file(dir_.file("b.yaml"), config_yaml("llama", data_, dir_.file("ckpt_b"),
-                                                            dir_.file("b.jsonl")));
+  testing::write_text_file(dir_.file("b.yaml"),
+                           config_yaml("llama", data_, dir_.file("ckpt_b"), dir_.file("b.jsonl")));
   auto run = run_command(kTrain + " --config " + dir_.file("b.yaml") + " --resume " + step(3));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::vector<double> full = testing::read_step_losses(dir_.file("m.jsonl"));
@@ -188,15 +187,14 @@ TEST_F(CheckpointFixture, OptimizerFileWithOneBeginEndRangeStillResumesBitExactl
 }
 
 TEST_F(CheckpointFixture, OptimizerRangesThatDoNotCoverTheModelAreRefused) {
-  const std::string total = SafetensorsReader(step(6) + "/optimizer-00000-of-00001.safetensors")
-                                .metadata()
-                                .at("total");
+  const std::string total =
+      SafetensorsReader(step(6) + "/optimizer-00000-of-00001.safetensors").metadata().at("total");
   const int64_t half = std::stoll(total) / 2;
   // The same number of elements, but the second half's moments claim to be the first's.
-  rewrite_optimizer_metadata(step(6), {{"ranges", "[[0, " + std::to_string(half) + "], [0, " +
-                                                      std::to_string(std::stoll(total) - half) +
-                                                      "]]"},
-                                       {"total", total}});
+  rewrite_optimizer_metadata(step(6),
+                             {{"ranges", "[[0, " + std::to_string(half) + "], [0, " +
+                                             std::to_string(std::stoll(total) - half) + "]]"},
+                              {"total", total}});
   auto result = resume(step(6));
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("optimizer-00000-of-00001.safetensors"), std::string::npos)

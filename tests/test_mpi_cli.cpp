@@ -162,11 +162,11 @@ TEST(MpiCli, ShardedCheckpointResumesOnAnotherWorldSize) {
     EXPECT_TRUE(std::ifstream(dir.file("four_ckpt/step_00000005/optimizer-0000" +
                                        std::to_string(shard) + "-of-00004.safetensors"))
                     .good());
-  auto two = run_command(mpirun(2, "--config " + dir.file("two.yaml") + " --resume " +
-                                       dir.file("four_ckpt/step_00000002")));
+  auto two = run_command(mpirun(
+      2, "--config " + dir.file("two.yaml") + " --resume " + dir.file("four_ckpt/step_00000002")));
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  auto back = run_command(mpirun(4, "--config " + dir.file("back.yaml") + " --resume " +
-                                        dir.file("two_ckpt/step_00000004")));
+  auto back = run_command(mpirun(
+      4, "--config " + dir.file("back.yaml") + " --resume " + dir.file("two_ckpt/step_00000004")));
   ASSERT_EQ(back.exit_code, 0) << back.output;
   std::vector<double> reference = testing::read_step_losses(dir.file("four.jsonl"));
   std::vector<double> resharded = testing::read_step_losses(dir.file("two.jsonl"));
@@ -175,7 +175,8 @@ TEST(MpiCli, ShardedCheckpointResumesOnAnotherWorldSize) {
   ASSERT_EQ(resharded.size(), 3u);
   ASSERT_EQ(resharded_back.size(), 1u);
   for (int i = 0; i < 3; ++i)
-    EXPECT_NEAR(resharded[i], reference[i + 2], 1e-6 * reference[i + 2]) << "4 -> 2, step " << i + 3;
+    EXPECT_NEAR(resharded[i], reference[i + 2], 1e-6 * reference[i + 2])
+        << "4 -> 2, step " << i + 3;
   EXPECT_NEAR(resharded_back[0], reference[4], 1e-6 * reference[4]) << "2 -> 4, step 5";
 }
 

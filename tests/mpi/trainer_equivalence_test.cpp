@@ -21,7 +21,6 @@ using testing::tiny_training_config;
 using testing::train_for;
 using Outcome = testing::TrainingOutcome;
 
-
 void expect_equivalent(const std::string& family, int kv_heads, int sp, Comm& world) {
   const int dp = world.size() / sp;
   const int batch_per_rank = 2;

@@ -25,6 +25,7 @@ struct TrainingOutcome {
 TrainingOutcome train_for(const Config& config, Comm& world, int steps);
 
 // max |a - b| / max |reference| over the elements.
-double max_relative_difference(const std::vector<float>& value, const std::vector<float>& reference);
+double max_relative_difference(const std::vector<float>& value,
+                               const std::vector<float>& reference);
 
 }  // namespace ulysses::testing

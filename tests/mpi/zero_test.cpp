@@ -42,7 +42,8 @@ void expect_stage_matches(const std::string& family, int stage, const Setup& set
                             std::to_string(setup.sp) + " " + setup.checkpointing + " bucket " +
                             std::to_string(setup.bucket_mb);
   for (int i = 0; i < steps; ++i) {
-    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i])) << where << " step " << i + 1;
+    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i]))
+        << where << " step " << i + 1;
     EXPECT_NEAR(b.grad_norms[i], a.grad_norms[i], 1e-6 * a.grad_norms[i])
         << where << " step " << i + 1;
   }
@@ -59,9 +60,15 @@ void expect_every_setup_matches(int stage, Comm& world) {
     for (const Setup& setup : setups) expect_stage_matches(family, stage, setup, world);
 }
 
-TEST_F(Zero, Stage1MatchesReplicatedState) { expect_every_setup_matches(1, world()); }
-TEST_F(Zero, Stage2MatchesReplicatedState) { expect_every_setup_matches(2, world()); }
-TEST_F(Zero, Stage3MatchesReplicatedState) { expect_every_setup_matches(3, world()); }
+TEST_F(Zero, Stage1MatchesReplicatedState) {
+  expect_every_setup_matches(1, world());
+}
+TEST_F(Zero, Stage2MatchesReplicatedState) {
+  expect_every_setup_matches(2, world());
+}
+TEST_F(Zero, Stage3MatchesReplicatedState) {
+  expect_every_setup_matches(3, world());
+}
 
 struct Bytes {
   int64_t params, grads, optimizer;
@@ -129,9 +136,8 @@ TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
     EXPECT_EQ(backend->memory().peak(MemCategory::grads), bytes.grads) << where;
     EXPECT_EQ(backend->memory().peak(MemCategory::optimizer), bytes.optimizer) << where;
     // Collective staging stays within one unit.
-    EXPECT_LE(backend->memory().peak(MemCategory::comm), 4 * unit + 4 * config.train.batch_size *
-                                                                        config.train.seq_len *
-                                                                        config.model.d_model)
+    EXPECT_LE(backend->memory().peak(MemCategory::comm),
+              4 * unit + 4 * config.train.batch_size * config.train.seq_len * config.model.d_model)
         << where;
   }
 }
