@@ -4,6 +4,7 @@
 // stage, which must shrink as 1/world up to one unit of staging or gathering.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 
 #include "core/config.h"
@@ -29,11 +30,12 @@ struct Setup {
   double bucket_mb;
 };
 
+// Against stage 0 without checkpointing.
 void expect_stage_matches(const std::string& family, int stage, const Setup& setup, Comm& world) {
   Config replicated = testing::tiny_training_config(family, 4, setup.sp, 2);
-  replicated.memory.activation_checkpointing = setup.checkpointing;
-  replicated.parallel.bucket_mb = setup.bucket_mb;
   Config sharded = replicated;
+  sharded.memory.activation_checkpointing = setup.checkpointing;
+  sharded.parallel.bucket_mb = setup.bucket_mb;
   sharded.parallel.zero_stage = stage;
   const int steps = 5;
   TrainingOutcome a = testing::train_for(replicated, world, steps);
@@ -140,6 +142,34 @@ TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
               4 * unit + 4 * config.train.batch_size * config.train.seq_len * config.model.d_model)
         << where;
   }
+}
+
+// Under sequence parallelism and ZeRO-3: layer checkpointing keeps one block's activations,
+// and every extra layer adds one block input of this rank's N/sp tokens.
+TEST_F(Zero, LayerCheckpointingAddsOneLayerInputPerLayerUnderStage3) {
+  auto peaks = [&](int layers) {
+    Config config = testing::tiny_training_config("llama", 4, world().size(), 2);
+    config.model.n_layers = layers;
+    config.memory.activation_checkpointing = "layer";
+    config.parallel.zero_stage = 3;
+    auto backend = make_backend("cpu", 0);
+    Mesh mesh = make_mesh(world(), config.parallel.sp);
+    Trainer trainer(config, *backend, mesh);
+    backend->memory().reset_peaks();
+    trainer.train_step();
+    const MemoryTracker& memory = backend->memory();
+    return std::array<int64_t, 3>{memory.peak(MemCategory::activations),
+                                  memory.peak(MemCategory::attention),
+                                  memory.peak(MemCategory::checkpoints)};
+  };
+  Config config = testing::tiny_training_config("llama", 4, world().size(), 2);
+  const int64_t block_input_bytes = int64_t(config.train.batch_size) *
+                                    (config.train.seq_len / world().size()) * config.model.d_model *
+                                    4;
+  const auto two = peaks(2), four = peaks(4);
+  EXPECT_EQ(four[0], two[0]) << "activations";
+  EXPECT_EQ(four[1], two[1]) << "attention";
+  EXPECT_EQ(four[2] - two[2], 2 * block_input_bytes) << "checkpoints";
 }
 
 }  // namespace
