@@ -1,5 +1,6 @@
 #include "core/stop_signal.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -8,12 +9,29 @@ namespace ulysses {
 
 namespace {
 
+// One stop request often arrives twice within microseconds: `timeout` signals the
+// trainer and then its whole process group, and mpirun forwards a signal that the
+// group also received. Only a signal later than this counts as a second request.
+constexpr double kDuplicateWindowSeconds = 0.5;
+
 // A signal handler can only reach process-wide state.
 volatile std::sig_atomic_t g_stop_signal = 0;
+timespec g_first_signal_time = {};
+
+double seconds_since(const timespec& start) {
+  timespec now = {};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  return double(now.tv_sec - start.tv_sec) + 1e-9 * double(now.tv_nsec - start.tv_nsec);
+}
 
 void on_stop_signal(int signal_number) {
-  if (g_stop_signal != 0) _exit(128 + signal_number);  // second signal: leave at once
-  g_stop_signal = signal_number;
+  if (g_stop_signal == 0) {
+    clock_gettime(CLOCK_MONOTONIC, &g_first_signal_time);
+    g_stop_signal = signal_number;
+    return;
+  }
+  if (seconds_since(g_first_signal_time) > kDuplicateWindowSeconds)
+    _exit(128 + signal_number);  // a second request: leave at once
 }
 
 }  // namespace

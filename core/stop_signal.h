@@ -1,5 +1,6 @@
 // Cluster preemption: the first SIGTERM or SIGINT asks the run to stop after the current
-// step (with a checkpoint); a second one exits at once.
+// step (with a checkpoint); a second one, more than half a second later, exits at once.
+// Copies of the first signal that arrive sooner (from `timeout` or mpirun) are ignored.
 #pragma once
 
 namespace ulysses {

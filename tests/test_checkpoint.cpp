@@ -269,18 +269,34 @@ TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
   EXPECT_NE(result.output.find("stop requested"), std::string::npos) << result.output;
 }
 
+// `timeout` sends its signal to the trainer and then to the process group; two copies a
+// moment apart are one request to stop, not a request to leave at once.
+TEST(CheckpointSignal, TwoCopiesOfOneSignalStillWriteTheCheckpoint) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  std::string yaml = config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 100000);
+  yaml.replace(yaml.find("every: 1"), 8, "every: 0");
+  testing::write_text_file(dir.file("c.yaml"), yaml);
+  auto result = run_command("bash -c '" + kTrain + " --config " + dir.file("c.yaml") +
+                            " & pid=$!; sleep 1; kill -TERM $pid; kill -TERM $pid; wait $pid'");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_FALSE(find_latest_checkpoint(dir.file("ckpt")).empty()) << result.output;
+}
+
 TEST(CheckpointSignal, SecondSignalExitsAtOnceLeavingTheLastCheckpoint) {
   TempDir dir;
   const std::string data =
       "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
-  // Big steps so the second signal arrives while the first step is still running.
+  // Big steps (about 10 s here) so the second signal, a second after the first, arrives
+  // while the first step is still running.
   std::string yaml =
       "model: {family: llama, n_layers: 2, d_model: 64, n_heads: 4, d_ff: 128}\n"
-      "train: {steps: 1000, batch_size: 4, seq_len: 4096, checkpoint: {dir: " +
+      "train: {steps: 1000, batch_size: 4, seq_len: 8192, checkpoint: {dir: " +
       dir.file("ckpt") + "}}\n" + data;
   testing::write_text_file(dir.file("c.yaml"), yaml);
   auto result = run_command("bash -c '" + kTrain + " --config " + dir.file("c.yaml") +
-                            " & pid=$!; sleep 1; kill -TERM $pid; sleep 0.2; kill -TERM $pid; "
+                            " & pid=$!; sleep 1; kill -TERM $pid; sleep 1; kill -TERM $pid; "
                             "wait $pid'");
   EXPECT_EQ(result.exit_code, 128 + 15) << result.output;
   EXPECT_TRUE(find_latest_checkpoint(dir.file("ckpt")).empty());
