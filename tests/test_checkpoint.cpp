@@ -251,16 +251,18 @@ TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
   }
 }
 
-TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
-  TempDir dir;
+// A long run in dir in which only a stop signal writes a checkpoint; returns its config.
+std::string write_signal_only_config(const TempDir& dir) {
   const std::string data =
       "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
   std::string yaml = config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 100000);
-  // Only the signal writes a checkpoint here.
   yaml.replace(yaml.find("every: 1"), 8, "every: 0");
   testing::write_text_file(dir.file("c.yaml"), yaml);
-  auto result = run_command("timeout --preserve-status -s TERM 1.5 " + kTrain + " --config " +
-                            dir.file("c.yaml"));
+  return dir.file("c.yaml");
+}
+
+// The signalled run stopped as asked: status 0 and a checkpoint of its last logged step.
+void expect_checkpoint_of_the_last_step(const TempDir& dir, const testing::CommandResult& result) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
   std::string found = find_latest_checkpoint(dir.file("ckpt"));
   ASSERT_FALSE(found.empty()) << result.output;
@@ -269,19 +271,21 @@ TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
   EXPECT_NE(result.output.find("stop requested"), std::string::npos) << result.output;
 }
 
+TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
+  TempDir dir;
+  std::string config = write_signal_only_config(dir);
+  expect_checkpoint_of_the_last_step(
+      dir, run_command("timeout --preserve-status -s TERM 1.5 " + kTrain + " --config " + config));
+}
+
 // `timeout` sends its signal to the trainer and then to the process group; two copies a
 // moment apart are one request to stop, not a request to leave at once.
 TEST(CheckpointSignal, TwoCopiesOfOneSignalStillWriteTheCheckpoint) {
   TempDir dir;
-  const std::string data =
-      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
-  std::string yaml = config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 100000);
-  yaml.replace(yaml.find("every: 1"), 8, "every: 0");
-  testing::write_text_file(dir.file("c.yaml"), yaml);
-  auto result = run_command("bash -c '" + kTrain + " --config " + dir.file("c.yaml") +
-                            " & pid=$!; sleep 1; kill -TERM $pid; kill -TERM $pid; wait $pid'");
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_FALSE(find_latest_checkpoint(dir.file("ckpt")).empty()) << result.output;
+  std::string config = write_signal_only_config(dir);
+  expect_checkpoint_of_the_last_step(
+      dir, run_command("bash -c '" + kTrain + " --config " + config +
+                       " & pid=$!; sleep 1; kill -TERM $pid; kill -TERM $pid; wait $pid'"));
 }
 
 TEST(CheckpointSignal, SecondSignalExitsAtOnceLeavingTheLastCheckpoint) {
