@@ -10,7 +10,7 @@ namespace ulysses {
 namespace {
 
 // One stop request often arrives twice within microseconds: `timeout` signals the
-// trainer and then its whole process group, and mpirun forwards a signal that the
+// trainer and then its whole process group, and mpirun can forward a signal that the
 // group also received. Only a signal later than this counts as a second request.
 constexpr double kDuplicateWindowSeconds = 0.5;
 
