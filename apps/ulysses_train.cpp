@@ -17,11 +17,9 @@
 #include "core/trainer.h"
 #include "data/dataset.h"
 #include "kernels/backend.h"
+#include "parallel/device_comm.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
-#ifdef ULYSSES_WITH_NCCL
-#include "parallel/nccl_comm.h"
-#endif
 
 namespace ulysses {
 namespace {
@@ -116,15 +114,25 @@ int run(const Options& options, Comm& world) {
     return 0;
   }
 
-  // Device buffers travel over NCCL; MPI carries host buffers only.
+  // MPI carries host buffers; device buffers travel over NCCL or are staged through the host.
   Comm* compute_world = &world;
   std::unique_ptr<Comm> device_world;
-#ifdef ULYSSES_WITH_NCCL
-  if (config.device == "cuda" && world.size() > 1) {
-    device_world = std::make_unique<NcclComm>(world.split(0, world.rank(), "world"), *backend);
+  if (config.device == "cuda") {
+    DeviceCommChoice choice;
+    std::string comm_error;
+    try {
+      choice = choose_device_comm(config.parallel.device_comm, nccl_compiled(), world.size(),
+                                  ranks_on_this_node(world), cuda_devices_visible());
+    } catch (const std::invalid_argument& error) {
+      comm_error = error.what();
+    }
+    if (agree_on_failure(world, comm_error)) return 2;
+    device_world = make_device_world(world, *backend, choice);
     compute_world = device_world.get();
+    if (world.rank() == 0)
+      spdlog::info("device buffers between ranks: {} ({})", choice.nccl ? "NCCL" : "MPI staged",
+                   choice.reason);
   }
-#endif
   Mesh mesh = make_mesh(*compute_world, config.parallel.sp);
   set_threads(*backend, world);
   if (world.rank() == 0)

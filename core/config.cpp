@@ -81,6 +81,7 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(parallel.head_chunks),
       ULYSSES_FIELD(parallel.overlap),
       ULYSSES_FIELD(parallel.bucket_mb),
+      ULYSSES_FIELD(parallel.device_comm),
       ULYSSES_FIELD(memory.activation_checkpointing),
       ULYSSES_FIELD(memory.tiled_mlp),
       ULYSSES_FIELD(memory.loss_tile_tokens),
@@ -511,6 +512,7 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   check.between("parallel.zero_stage", c.parallel.zero_stage, 0, 3);
   check.at_least("parallel.head_chunks", c.parallel.head_chunks, 1);
   check.positive("parallel.bucket_mb", c.parallel.bucket_mb);
+  check.choice("parallel.device_comm", c.parallel.device_comm, {"auto", "nccl", "mpi"});
 
   check.choice("memory.activation_checkpointing", c.memory.activation_checkpointing,
                {"none", "layer"});
@@ -606,6 +608,9 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
     reader.fail("model.vocab_size", std::to_string(m.vocab_size) + " is below the " +
                                         std::to_string(needed_vocab) + " tokens data.source " +
                                         c.data.source + " needs");
+  }
+  if (c.parallel.device_comm == "nccl" && c.device != "cuda") {
+    reader.fail("parallel.device_comm", "nccl needs device: cuda, but " + check.show("device"));
   }
   if (c.kernels.attention == "cudnn" && c.device != "cuda") {
     reader.fail("kernels.attention", "cudnn needs device: cuda, but " + check.show("device"));

@@ -64,6 +64,8 @@ struct ParallelConfig {
   int head_chunks = 1;
   bool overlap = false;
   double bucket_mb = 25.0;
+  // How device buffers travel between ranks (cuda): auto | nccl | mpi (staged through the host).
+  std::string device_comm = "auto";
 };
 
 struct MemoryConfig {

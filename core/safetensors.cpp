@@ -153,10 +153,6 @@ size_t safetensors_dtype_size(const std::string& dtype) {
                            "' (supported: F32, BF16, F16)");
 }
 
-float bf16_to_float(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
 float f16_to_float(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
   const uint32_t exponent = (bits >> 10) & 0x1fu;
@@ -169,13 +165,6 @@ float f16_to_float(uint16_t bits) {
     return sign ? -magnitude : magnitude;
   }
   return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
-
-uint16_t float_to_bf16(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // stay quiet NaN
-  uint32_t round_to_even = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + round_to_even) >> 16);
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/tensor.h"
+
 namespace ulysses {
 
 struct SafetensorsEntry {
@@ -26,11 +28,8 @@ struct SafetensorsEntry {
 // Bytes per element of a supported dtype; throws for any other dtype.
 size_t safetensors_dtype_size(const std::string& dtype);
 
-// Exact conversions (every bf16/f16 value is representable as a float).
-float bf16_to_float(uint16_t bits);
+// Exact (every f16 value is representable as a float). bf16: kernels/tensor.h.
 float f16_to_float(uint16_t bits);
-// Rounds to the nearest bf16, ties to even; NaN stays NaN.
-uint16_t float_to_bf16(float value);
 
 // Memory-maps a file and validates its header; tensors are converted on request.
 class SafetensorsReader {

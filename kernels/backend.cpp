@@ -18,6 +18,14 @@ bool cuda_backend_compiled() {
 #endif
 }
 
+int cuda_devices_visible() {
+#ifdef ULYSSES_WITH_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes,
                                       const std::string& attention) {
   if (device == "cpu") {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -54,6 +55,16 @@ class Backend {
   // Untracked raw memory; use alloc() (a tracked Buffer) instead.
   virtual void* raw_alloc(size_t bytes) = 0;
   virtual void raw_free(void* pointer) = 0;
+  // Host memory that upload and download move fastest (page-locked on cuda), for staging
+  // device buffers through the host. Not tracked: it is not the backend's memory. Defined
+  // here, not in backend.cpp: a Backend without a key function keeps its type info in every
+  // library that uses it, the cuda one included.
+  virtual void* host_staging_alloc(size_t bytes) {
+    return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(64));
+  }
+  virtual void host_staging_free(void* pointer) {
+    ::operator delete(pointer, std::align_val_t(64));
+  }
 
   // ---- data movement -------------------------------------------------------------------
   virtual void upload(const Tensor& dst, const void* host_src) = 0;
@@ -165,5 +176,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_
 
 // True when this binary was built with the CUDA backend.
 bool cuda_backend_compiled();
+// GPUs this process can see: 0 without the CUDA backend or when CUDA reports an error.
+int cuda_devices_visible();
 
 }  // namespace ulysses

@@ -1,5 +1,6 @@
 #include "kernels/tensor.h"
 
+#include <bit>
 #include <utility>
 
 #include "kernels/backend.h"
@@ -28,6 +29,17 @@ const char* dtype_name(DType dtype) {
       return "i32";
   }
   return "?";
+}
+
+float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t(bits) << 16);
+}
+
+uint16_t float_to_bf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x0040u);
+  const uint32_t round_to_even = 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t((bits + round_to_even) >> 16);
 }
 
 Tensor::Tensor(void* data_in, DType dtype_in, std::initializer_list<int64_t> dims)

@@ -17,6 +17,11 @@ enum class DType : uint8_t { f32, bf16, i32 };
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 
+// Host conversions of one bf16 value (its bit pattern). Widening is exact; narrowing rounds
+// to nearest, ties to even, and a NaN stays a quiet NaN.
+float bf16_to_float(uint16_t bits);
+uint16_t float_to_bf16(float value);
+
 constexpr int kMaxDims = 4;
 
 // A view: pointer, element type and a row-major contiguous shape of up to 4 dims.

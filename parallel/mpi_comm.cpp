@@ -39,7 +39,8 @@ void check_mpi(int code, const char* call, const std::string& comm_name) {
                            "' failed: " + std::string(text, size_t(length)));
 }
 
-MPI_Datatype mpi_type(DType dtype, const char* operation, const std::string& comm_name) {
+// bf16 travels as its 16-bit pattern; reductions on it use the operations below.
+MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
     case DType::f32:
       return MPI_FLOAT;
@@ -48,13 +49,44 @@ MPI_Datatype mpi_type(DType dtype, const char* operation, const std::string& com
     case DType::bf16:
       break;
   }
-  throw std::invalid_argument(std::string(operation) + " on communicator '" + comm_name +
-                              "': bf16 tensors are not supported by the MPI communicator yet "
-                              "(it moves f32 and i32 host buffers)");
+  return MPI_UINT16_T;
+}
+
+// MPI has no bf16: element-wise sum and max of bf16 bit patterns, computed in float and
+// rounded back to bf16 at every step, as a bf16 NCCL reduction does.
+void bf16_sum(void* in, void* inout, int* length, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *length; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+void bf16_max(void* in, void* inout, int* length, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *length; ++i)
+    b[i] = float_to_bf16(std::max(bf16_to_float(a[i]), bf16_to_float(b[i])));
 }
 
 MPI_Op mpi_op(ReduceOp op) {
   return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+}
+
+// The operation for reducing tensors of this dtype.
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (dtype != DType::bf16) return mpi_op(op);
+  // Created once, after MPI_Init (the first reduction runs inside an MpiSession); MPI_Finalize
+  // releases them.
+  static const MPI_Op sum = [] {
+    MPI_Op created;
+    MPI_Op_create(bf16_sum, 1, &created);
+    return created;
+  }();
+  static const MPI_Op max = [] {
+    MPI_Op created;
+    MPI_Op_create(bf16_max, 1, &created);
+    return created;
+  }();
+  return op == ReduceOp::sum ? sum : max;
 }
 
 // Address of element `index` of a tensor.
@@ -196,7 +228,7 @@ int ranks_on_this_node(Comm& world) {
 // ---- all-to-all ----------------------------------------------------------------------------
 
 void MpiComm::issue_all_to_all(const Tensor& send, const Tensor& recv, Request* request) {
-  MPI_Datatype type = mpi_type(send.dtype, "all_to_all", name_);
+  MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
   int64_t block = send.numel() / size_;  // elements to each rank
   if (block <= max_count_) {
@@ -253,7 +285,7 @@ void MpiComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
                                 std::to_string(rank_) + " sends itself " +
                                 std::to_string(send_counts[rank_]) + " elements but expects " +
                                 std::to_string(recv_counts[rank_]));
-  MPI_Datatype type = mpi_type(send.dtype, "all_to_all_v", name_);
+  MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
   auto start = Clock::now();
 
@@ -293,15 +325,16 @@ void MpiComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
 // ---- reductions ----------------------------------------------------------------------------
 
 void MpiComm::issue_all_reduce(const Tensor& data, ReduceOp op, Request* request) {
-  MPI_Datatype type = mpi_type(data.dtype, "all_reduce", name_);
+  MPI_Datatype type = mpi_type(data.dtype);
   for_each_chunk(data.numel(), max_count_, [&](int64_t offset, int64_t length) {
     void* piece = element_at(data, offset);
     if (request)
-      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op), native_->comm,
-                               &request->requests.emplace_back()),
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op, data.dtype),
+                               native_->comm, &request->requests.emplace_back()),
                 "MPI_Iallreduce", name_);
     else
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op), native_->comm),
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op, data.dtype),
+                              native_->comm),
                 "MPI_Allreduce", name_);
   });
 }
@@ -333,16 +366,18 @@ void MpiComm::all_reduce_host(double* values, int count, ReduceOp op) {
 
 void MpiComm::issue_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op,
                                    Request* request) {
-  MPI_Datatype type = mpi_type(send.dtype, "reduce_scatter", name_);
+  MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
   int64_t block = recv.numel();
   if (block <= max_count_) {
     if (request)
-      check_mpi(MPI_Ireduce_scatter_block(send.data, recv.data, int(block), type, mpi_op(op), comm,
-                                          &request->requests.emplace_back()),
-                "MPI_Ireduce_scatter_block", name_);
+      check_mpi(
+          MPI_Ireduce_scatter_block(send.data, recv.data, int(block), type, mpi_op(op, send.dtype),
+                                    comm, &request->requests.emplace_back()),
+          "MPI_Ireduce_scatter_block", name_);
     else
-      check_mpi(MPI_Reduce_scatter_block(send.data, recv.data, int(block), type, mpi_op(op), comm),
+      check_mpi(MPI_Reduce_scatter_block(send.data, recv.data, int(block), type,
+                                         mpi_op(op, send.dtype), comm),
                 "MPI_Reduce_scatter_block", name_);
     return;
   }
@@ -352,11 +387,11 @@ void MpiComm::issue_reduce_scatter(const Tensor& send, const Tensor& recv, Reduc
       void* source = element_at(send, root * block + offset);
       void* target = element_at(recv, offset);  // used on the root only
       if (request)
-        check_mpi(MPI_Ireduce(source, target, int(length), type, mpi_op(op), root, comm,
+        check_mpi(MPI_Ireduce(source, target, int(length), type, mpi_op(op, send.dtype), root, comm,
                               &request->requests.emplace_back()),
                   "MPI_Ireduce", name_);
       else
-        check_mpi(MPI_Reduce(source, target, int(length), type, mpi_op(op), root, comm),
+        check_mpi(MPI_Reduce(source, target, int(length), type, mpi_op(op, send.dtype), root, comm),
                   "MPI_Reduce", name_);
     });
   }
@@ -383,7 +418,7 @@ CommHandle MpiComm::reduce_scatter_async(const Tensor& send, const Tensor& recv,
 // ---- gathers -------------------------------------------------------------------------------
 
 void MpiComm::issue_all_gather(const Tensor& send, const Tensor& recv, Request* request) {
-  MPI_Datatype type = mpi_type(send.dtype, "all_gather", name_);
+  MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
   int64_t block = send.numel();
   if (block <= max_count_) {
@@ -434,7 +469,7 @@ CommHandle MpiComm::all_gather_async(const Tensor& send, const Tensor& recv) {
 
 void MpiComm::broadcast(const Tensor& data, int root) {
   check_root(*this, root, "broadcast");
-  MPI_Datatype type = mpi_type(data.dtype, "broadcast", name_);
+  MPI_Datatype type = mpi_type(data.dtype);
   auto start = Clock::now();
   for_each_chunk(data.numel(), max_count_, [&](int64_t offset, int64_t length) {
     check_mpi(MPI_Bcast(element_at(data, offset), int(length), type, root, native_->comm),

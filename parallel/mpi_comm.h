@@ -25,7 +25,8 @@ class MpiSession {
   std::unique_ptr<Comm> world();
 };
 
-// A Comm over an MPI communicator. Tensors are host memory of dtype f32 or i32.
+// A Comm over an MPI communicator. Tensors are host memory of dtype f32, bf16 or i32 (device
+// buffers go through a StagedComm). bf16 reductions compute in float and round to bf16.
 // MPI counts are int: transfers with more elements than max_count_per_call() per block are
 // split into several calls, so element counts above INT_MAX work.
 // Non-blocking handles must be waited on (or destroyed, which waits) before the buffers

@@ -5,7 +5,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -60,22 +59,6 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
   if (dst.bytes() > 0 && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
 }
 
-namespace {
-
-// Round to nearest, ties to even; NaN stays a (quiet) NaN.
-uint16_t f32_to_bf16(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x0040u);
-  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return uint16_t((bits + rounding) >> 16);
-}
-
-float bf16_to_f32(uint16_t value) {
-  return std::bit_cast<float>(uint32_t(value) << 16);
-}
-
-}  // namespace
-
 void CpuBackend::cast(const Tensor& dst, const Tensor& src) {
   require_numel(dst, src.numel(), "cast", "dst");
   const int64_t n = src.numel();
@@ -85,12 +68,12 @@ void CpuBackend::cast(const Tensor& dst, const Tensor& src) {
     const float* in = static_cast<const float*>(src.data);
     uint16_t* out = static_cast<uint16_t*>(dst.data);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
   } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
     const uint16_t* in = static_cast<const uint16_t*>(src.data);
     float* out = static_cast<float*>(dst.data);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
   } else {
     throw std::invalid_argument(std::string("cast: unsupported ") + dtype_name(src.dtype) + " -> " +
                                 dtype_name(dst.dtype) + " (only f32 <-> bf16)");

@@ -57,8 +57,9 @@ std::unique_ptr<Backend> make_cuda_backend(int64_t memory_limit_bytes, Attention
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
-    throw DeviceUnavailableError(std::string("no CUDA device: ") +
-                             (status != cudaSuccess ? cudaGetErrorString(status) : "no GPU found"));
+    throw DeviceUnavailableError(std::string("no CUDA device: ") + (status != cudaSuccess
+                                                                        ? cudaGetErrorString(status)
+                                                                        : "no GPU found"));
   }
   return std::make_unique<CudaBackend>(node_local_rank() % count, memory_limit_bytes, attention);
 }
@@ -69,6 +70,15 @@ void* cuda_backend_stream(Backend& backend) {
 
 int cuda_backend_device(Backend& backend) {
   return as_cuda(backend, "cuda_backend_device").device();
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
 }
 
 CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind attention)
@@ -133,6 +143,23 @@ void* CudaBackend::raw_alloc(size_t bytes) {
 
 void CudaBackend::raw_free(void* pointer) {
   check_cuda(cudaFreeAsync(pointer, stream_), "cudaFreeAsync");
+}
+
+void* CudaBackend::host_staging_alloc(size_t bytes) {
+  void* pointer = nullptr;
+  cudaError_t status = cudaHostAlloc(&pointer, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw OutOfMemoryError("cuda: page-locked host allocation of " + format_bytes(int64_t(bytes)) +
+                           " for staging failed");
+  }
+  check_cuda(status, "cudaHostAlloc");
+  return pointer;
+}
+
+void CudaBackend::host_staging_free(void* pointer) {
+  // Runs in destructors, so it must not throw; a failure stays sticky for the next checked call.
+  (void)cudaFreeHost(pointer);
 }
 
 // ---- data movement -----------------------------------------------------------------------

@@ -30,4 +30,7 @@ void* cuda_backend_stream(Backend& backend);
 // The CUDA device ordinal a CUDA backend uses; throws std::invalid_argument for others.
 int cuda_backend_device(Backend& backend);
 
+// GPUs this process can see (0 when CUDA reports an error).
+int cuda_device_count();
+
 }  // namespace ulysses

@@ -28,6 +28,8 @@ class CudaBackend final : public Backend {
 
   void* raw_alloc(size_t bytes) override;
   void raw_free(void* pointer) override;
+  void* host_staging_alloc(size_t bytes) override;
+  void host_staging_free(void* pointer) override;
 
   void upload(const Tensor& dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
