@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for one machine with one GPU, in under 5 minutes on an H200:
-#   1. builds the CUDA backend (Release) and runs the GPU tests (a skip counts as a failure);
+#   1. builds the CUDA backend (Release) and runs the GPU tests (a skip counts as a failure),
+#      including two ranks sharing the GPU through MPI staged via the host (sp = 2);
 #   2. benchmarks a Llama-1B-shaped model at 8K and 32K tokens: tokens/s, model FLOP/s as a
 #      fraction of the H200's 989 TFLOP/s bf16 peak, peak tracked memory;
 #   3. finds the longest sequence an 8B-shaped model trains at on this GPU (doubling, then
@@ -23,7 +24,7 @@ nvidia-smi -L | head -1
 echo "== build (Release, CUDA on) into $BUILD"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DULYSSES_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_cuda_training ulysses-train \
+cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_cuda_training staged_comm_test staged_training_test ulysses-train \
   >"$BUILD.build.log" 2>&1 || { tail -50 "$BUILD.build.log"; exit 1; }
 
 echo "== GPU tests"
@@ -31,6 +32,15 @@ for test in test_cuda_ops test_cuda_training; do
   "$BUILD/tests/$test" --gtest_brief=1 2>&1 | tee "$BUILD/$test.log"
   if grep -q "SKIPPED" "$BUILD/$test.log"; then
     echo "gpu-check: $test skipped tests on a machine with a GPU" >&2
+    exit 1
+  fi
+done
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+for test in staged_comm_test staged_training_test; do
+  mpirun -np 2 "$BUILD/tests/mpi/$test" --gtest_brief=1 2>&1 | tee "$BUILD/$test.log"
+  if grep -q "SKIPPED\|FAILED" "$BUILD/$test.log"; then
+    echo "gpu-check: $test (2 ranks on one GPU) failed or skipped" >&2
     exit 1
   fi
 done
@@ -53,6 +63,7 @@ run() {
       --set model.n_layers="$layers" --set model.d_model="$d" --set model.n_heads="$heads" \
       --set model.n_kv_heads="$kv" --set model.d_ff="$ff" --set model.vocab_size="$vocab" \
       --set train.seq_len="$seq" --set model.max_seq_len="$seq" --set train.steps="$steps" \
+      --set memory.activation_checkpointing="${CHECKPOINTING:-none}" \
       --set log.metrics_file="$metrics" >"$log" 2>&1; then
     # The last step: the first pays for cuBLASLt plans and the memory pool.
     python3 - "$metrics" <<'EOF'
@@ -93,10 +104,10 @@ for seq in 8192 32768; do
   fi
 done
 
-echo "== longest sequence for the 8B shape (32 layers, d 4096, 32 heads, 8 kv, d_ff 14336, vocab 128256)"
+echo "== longest sequence for the 8B shape (32 layers, d 4096, 32 heads, 8 kv, d_ff 14336, vocab 128256; layer checkpointing)"
 fits() {  # fits SEQ -> 0 when one training step runs
   local status
-  read -r status _ < <(run llama8b 32 4096 32 8 14336 128256 "$1" 1)
+  read -r status _ < <(CHECKPOINTING=layer run llama8b 32 4096 32 8 14336 128256 "$1" 1)
   echo "   8B at $1 tokens: $status" >&2
   [[ $status == ok ]]
 }

@@ -31,8 +31,12 @@ Config tiny_training_config(const std::string& family, int kv_heads, int sp, int
 TrainingOutcome train_for(const Config& config, Comm& world, int steps) {
   auto backend = make_backend("cpu", 0);
   backend->set_num_threads(1);
+  return train_on(*backend, config, world, steps);
+}
+
+TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, int steps) {
   Mesh mesh = make_mesh(world, config.parallel.sp);
-  Trainer trainer(config, *backend, mesh);
+  Trainer trainer(config, backend, mesh);
   TrainingOutcome outcome;
   for (int i = 0; i < steps; ++i) {
     StepResult step = trainer.train_step();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 
 namespace ulysses::testing {
@@ -23,6 +24,8 @@ struct TrainingOutcome {
 
 // Trains on the CPU backend (one thread) over world split into sp groups.
 TrainingOutcome train_for(const Config& config, Comm& world, int steps);
+// The same on a given backend; world must carry that backend's buffers.
+TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, int steps);
 
 // max |a - b| / max |reference| over the elements.
 double max_relative_difference(const std::vector<float>& value,
