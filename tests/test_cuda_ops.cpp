@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -281,11 +282,21 @@ TEST_F(CudaOps, SwigluAndGeluWithAliasedGradients) {
   EXPECT_LT(error(dx), kBf16Output);
 }
 
-class CudaAttention : public CudaOps, public ::testing::WithParamInterface<int64_t> {};
+// kernels.attention: native (the hand-written kernels) or cudnn (cuDNN's fused engines), by
+// head dim. Both are held to the same tolerances and to determinism.
+class CudaAttention : public CudaOps,
+                      public ::testing::WithParamInterface<std::tuple<int64_t, std::string>> {
+ protected:
+  void SetUp() override {
+    CudaOps::SetUp();
+    if (!IsSkipped() && std::get<1>(GetParam()) != "native")
+      gpu_ = make_backend("cuda", 0, std::get<1>(GetParam()));
+  }
+};
 
 // T = 150 is not a multiple of the 64-row tiles; 4 q heads share 2 kv heads (GQA).
 TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
-  const int64_t B = 2, T = 150, Hq = 4, Hkv = 2, d = GetParam();
+  const int64_t B = 2, T = 150, Hq = 4, Hkv = 2, d = std::get<0>(GetParam());
   Pair q = make({B, T, Hq, d}, random_values(B * T * Hq * d, 1, 2.0f));
   Pair k = make({B, T, Hkv, d}, random_values(B * T * Hkv * d, 2, 2.0f));
   Pair v = make({B, T, Hkv, d}, random_values(B * T * Hkv * d, 3));
@@ -318,7 +329,13 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   EXPECT_EQ(read_gpu(dk.gpu), first);
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, CudaAttention, ::testing::Values(64, 96, 128));
+INSTANTIATE_TEST_SUITE_P(
+    KindsAndHeadDims, CudaAttention,
+    ::testing::Combine(::testing::Values(int64_t(64), int64_t(96), int64_t(128)),
+                       ::testing::Values(std::string("native"), std::string("cudnn"))),
+    [](const ::testing::TestParamInfo<std::tuple<int64_t, std::string>>& info) {
+      return std::get<1>(info.param) + "_d" + std::to_string(std::get<0>(info.param));
+    });
 
 TEST_F(CudaOps, LmHeadLossOverTiles) {
   const int64_t R = 50, C = 64, V = 1000, tile = 16;

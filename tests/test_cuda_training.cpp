@@ -8,6 +8,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/config.h"
@@ -26,9 +27,9 @@ constexpr double kGradTolerance = 1e-1;
 // All gradients together: cosine similarity of the flat gradient vectors.
 constexpr double kMinGradCosine = 0.995;
 
-std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason) {
+std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason, const std::string& attention) {
   try {
-    return make_backend("cuda", 0);
+    return make_backend("cuda", 0, attention);
   } catch (const std::exception& error) {
     reason = error.what();
     if (reason.find("no CUDA device") == std::string::npos &&
@@ -88,14 +89,15 @@ StepOutcome train_one_step(Backend& backend, const Config& config, const MicroBa
   return outcome;
 }
 
-class CudaTraining : public ::testing::TestWithParam<std::string> {};
+// (family, kernels.attention)
+class CudaTraining : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(CudaTraining, OneStepMatchesCpuWithinBf16Tolerances) {
   std::string reason;
-  std::unique_ptr<Backend> gpu = cuda_backend_or_reason(reason);
+  std::unique_ptr<Backend> gpu = cuda_backend_or_reason(reason, std::get<1>(GetParam()));
   if (!gpu) GTEST_SKIP() << reason;
   auto cpu = make_backend("cpu", 0);
-  const Config config = training_config(GetParam());
+  const Config config = training_config(std::get<0>(GetParam()));
   const ParamTable table(config.model);
   const std::vector<float> weights = random_weights(table, 21);
 
@@ -138,7 +140,13 @@ TEST_P(CudaTraining, OneStepMatchesCpuWithinBf16Tolerances) {
   EXPECT_LE(max_param_difference, 2.5 * lr);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, CudaTraining, ::testing::Values("llama", "gpt2"));
+INSTANTIATE_TEST_SUITE_P(
+    FamiliesAndAttention, CudaTraining,
+    ::testing::Combine(::testing::Values(std::string("llama"), std::string("gpt2")),
+                       ::testing::Values(std::string("native"), std::string("cudnn"))),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+    });
 
 }  // namespace
 }  // namespace ulysses

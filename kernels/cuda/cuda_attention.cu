@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_backend_impl.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 
 namespace ulysses {
 
@@ -409,6 +410,9 @@ void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const 
   const char* op = "attention_forward";
   const AttentionDims dims = check_attention(q, k, v, out, lse, op);
   if (q.numel() == 0) return;
+#ifdef ULYSSES_WITH_CUDNN
+  if (cudnn_attention_) return cudnn_attention_->forward(out, lse, q, k, v);
+#endif
   const dim3 grid(unsigned((dims.seq_len + kTile - 1) / kTile), unsigned(dims.q_heads),
                   unsigned(q.shape[0]));
   auto launch = [&](auto kernel, int kDim) {
@@ -439,6 +443,9 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
   cuda::require_numel(dk, k.numel(), op, "dk");
   cuda::require_numel(dv, k.numel(), op, "dv");
   if (q.numel() == 0) return;
+#ifdef ULYSSES_WITH_CUDNN
+  if (cudnn_attention_) return cudnn_attention_->backward(dq, dk, dv, dout, q, k, v, out, lse);
+#endif
   const int64_t batch = q.shape[0];
 
   Buffer row_dot = alloc(MemCategory::attention, DType::f32, {batch, dims.q_heads, dims.seq_len},

@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cuda_column_sums.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 
 namespace ulysses {
 
@@ -83,10 +84,12 @@ int cuda_device_count() {
 
 CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind attention)
     : Backend(memory_limit_bytes), device_(device) {
+#ifndef ULYSSES_WITH_CUDNN
   if (attention == AttentionKind::cudnn)
     throw std::runtime_error(
-        "kernels.attention: cudnn is not available: this build does not implement the cuDNN "
-        "fused SDPA graph yet; use kernels.attention: native");
+        "kernels.attention: cudnn is not available: cuDNN was not found when this build was "
+        "configured; use kernels.attention: native");
+#endif
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
   if (memory_limit_bytes == 0) {
     size_t free_bytes = 0, total_bytes = 0;
@@ -102,6 +105,10 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind a
   }
   gemm_workspace_ =
       alloc(MemCategory::workspace, DType::i32, {kGemmWorkspaceBytes / 4}, "cuBLASLt workspace");
+#ifdef ULYSSES_WITH_CUDNN
+  if (attention == AttentionKind::cudnn)
+    cudnn_attention_ = std::make_unique<CudnnAttention>(*this, stream_);
+#endif
 }
 
 CudaBackend::~CudaBackend() {
@@ -114,6 +121,7 @@ CudaBackend::~CudaBackend() {
     cublasLtMatmulDescDestroy(plan.desc);
   }
   gemm_workspace_.reset();
+  cudnn_attention_.reset();
   cudaStreamSynchronize(stream_);
   cublasLtDestroy(lt_);
   cudaStreamDestroy(stream_);

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "kernels/backend.h"
@@ -14,9 +15,11 @@
 
 namespace ulysses {
 
+class CudnnAttention;
+
 class CudaBackend final : public Backend {
  public:
-  // attention = cudnn throws: the cuDNN SDPA graph is not implemented yet.
+  // attention = cudnn throws when this build has no cuDNN.
   CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind attention);
   ~CudaBackend() override;
 
@@ -109,6 +112,7 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   Buffer gemm_workspace_;
   std::map<GemmKey, GemmPlan> gemm_plans_;
+  std::unique_ptr<CudnnAttention> cudnn_attention_;  // kernels.attention: cudnn only
 };
 
 }  // namespace ulysses

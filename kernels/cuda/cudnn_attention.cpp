@@ -1,0 +1,157 @@
+#include "kernels/cuda/cudnn_attention.h"
+
+#include <cudnn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda/cudnn_attention_graphs.h"
+#include "kernels/cuda/cudnn_graph.h"
+
+namespace ulysses {
+
+namespace {
+
+using cudnn::AttentionShape;
+using cudnn::GraphBuilder;
+using namespace cudnn::attention_uid;
+
+void require_supported(const Tensor& q, const Tensor& k, std::initializer_list<const Tensor*> all,
+                       const char* op) {
+  const int64_t dim = q.shape[3];
+  if (dim % 8 != 0 || dim > 128)
+    throw std::invalid_argument(std::string(op) + ": kernels.attention: cudnn needs a head dim " +
+                                "that is a multiple of 8 and at most 128, got " +
+                                std::to_string(dim) + "; use kernels.attention: native");
+  if (q.shape[1] < 2)
+    throw std::invalid_argument(std::string(op) +
+                                ": kernels.attention: cudnn needs at least 2 tokens per sequence");
+  for (const Tensor* t : all)
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+      throw std::invalid_argument(std::string(op) +
+                                  ": kernels.attention: cudnn needs 16-byte aligned tensors");
+}
+
+AttentionShape dims_of(const Tensor& q, const Tensor& k) {
+  return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]};
+}
+
+}  // namespace
+
+struct CudnnAttention::Graphs {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+  static Key key(const AttentionShape& d) { return {d.batch, d.seq, d.q_heads, d.kv_heads, d.dim}; }
+
+  cudnnHandle_t handle = nullptr;
+  std::map<Key, GraphBuilder::Plan> forward, backward;
+  std::map<Key, bool> backward_deterministic;
+};
+
+CudnnAttention::CudnnAttention(Backend& backend, cudaStream_t stream)
+    : backend_(backend), graphs_(std::make_unique<Graphs>()) {
+  cudnn::check(cudnnCreate(&graphs_->handle), "kernels.attention: cudnn: cudnnCreate");
+  cudnn::check(cudnnSetStream(graphs_->handle, stream), "cudnnSetStream");
+}
+
+CudnnAttention::~CudnnAttention() {
+  // Plans go before the handle they were made with.
+  graphs_->forward.clear();
+  graphs_->backward.clear();
+  cudnnDestroy(graphs_->handle);
+}
+
+void CudnnAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v) {
+  require_supported(q, k, {&out, &lse, &q, &k, &v}, "attention_forward");
+  const AttentionShape dims = dims_of(q, k);
+  const Graphs::Key key = Graphs::key(dims);
+  auto found = graphs_->forward.find(key);
+  if (found == graphs_->forward.end()) {
+    GraphBuilder builder(graphs_->handle);
+    cudnn::add_attention_forward(builder, dims);
+    found = graphs_->forward.emplace(key, builder.build("kernels.attention: cudnn forward")).first;
+  }
+  const GraphBuilder::Plan& plan = found->second;
+
+  float scale = float(1.0 / std::sqrt(double(dims.dim)));
+  float negative_infinity = -std::numeric_limits<float>::infinity();
+  Buffer workspace = backend_.alloc(MemCategory::workspace, DType::i32,
+                                    {(plan.workspace_bytes + 3) / 4}, "cuDNN attention forward");
+  cudnn::execute(graphs_->handle, plan.plan, {kQ, kK, kV, kO, kStats, kScale, kNegativeInfinity},
+                 {q.data, k.data, v.data, out.data, lse.data, &scale, &negative_infinity},
+                 workspace.tensor().data, "kernels.attention: cudnn forward");
+}
+
+void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse) {
+  require_supported(q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse}, "attention_backward");
+  const AttentionShape dims = dims_of(q, k);
+  const Graphs::Key key = Graphs::key(dims);
+  auto found = graphs_->backward.find(key);
+  if (found == graphs_->backward.end()) {
+    // The deterministic algorithm where cuDNN has one for this GPU, else its default.
+    auto plan_for = [&](bool deterministic) {
+      GraphBuilder builder(graphs_->handle);
+      cudnn::add_attention_backward(builder, dims, deterministic);
+      return builder.build(std::string("kernels.attention: cudnn backward (") +
+                           (deterministic ? "deterministic" : "accumulating dQ") + ")");
+    };
+    bool deterministic = true;
+    GraphBuilder::Plan plan;
+    try {
+      plan = plan_for(true);
+    } catch (const std::runtime_error&) {
+      deterministic = false;
+      plan = plan_for(false);
+    }
+    graphs_->backward_deterministic[key] = deterministic;
+    found = graphs_->backward.emplace(key, std::move(plan)).first;
+  }
+  const GraphBuilder::Plan& plan = found->second;
+  const bool deterministic = graphs_->backward_deterministic[key];
+
+  float scale = float(1.0 / std::sqrt(double(dims.dim)));
+  float negative_infinity = -std::numeric_limits<float>::infinity();
+  float one = 1.0f;
+  Buffer row_dot = backend_.alloc(MemCategory::attention, DType::f32,
+                                  {dims.batch, dims.q_heads, dims.seq}, "cuDNN attention dO·O");
+  Buffer dq_accum;
+  if (!deterministic) {
+    dq_accum = backend_.alloc(MemCategory::attention, DType::f32, {q.numel()},
+                              "cuDNN attention dQ accumulator");
+    backend_.fill_zero(dq_accum);  // cudnn-frontend zeroes it only before cuDNN 9.6; be sure
+  }
+  Buffer workspace = backend_.alloc(MemCategory::workspace, DType::i32,
+                                    {(plan.workspace_bytes + 3) / 4}, "cuDNN attention backward");
+  std::vector<int64_t> uids = {
+      kQ, kK, kV, kO, kDO, kDQ, kDK, kDV, kStats, kScale, kNegativeInfinity, kOne, kRowDot};
+  std::vector<void*> pointers = {q.data,
+                                 k.data,
+                                 v.data,
+                                 out.data,
+                                 dout.data,
+                                 dq.data,
+                                 dk.data,
+                                 dv.data,
+                                 lse.data,
+                                 &scale,
+                                 &negative_infinity,
+                                 &one,
+                                 row_dot.tensor().data};
+  if (!deterministic) {
+    uids.push_back(kDQAccum);
+    pointers.push_back(dq_accum.tensor().data);
+  }
+  cudnn::execute(graphs_->handle, plan.plan, uids, pointers, workspace.tensor().data,
+                 "kernels.attention: cudnn backward");
+}
+
+}  // namespace ulysses

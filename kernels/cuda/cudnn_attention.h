@@ -1,0 +1,38 @@
+// kernels.attention: cudnn — causal attention through cuDNN's fused flash-attention engines,
+// built as cuDNN backend operation graphs (cudnn_graph.h). Same contract as the native kernels
+// (kernels/backend.h): q[B, T, Hq, d], k/v[B, T, Hkv, d] bf16, out bf16, lse[B, Hq, T] f32 =
+// log-sum-exp of the scaled scores, scale 1/sqrt(d). cuDNN's softmax statistics are exactly
+// that log-sum-exp, so either implementation's lse feeds the other's backward.
+// Host code: no CUDA kernels here, only graphs, plans cached per shape, and their execution.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "kernels/backend.h"
+
+namespace ulysses {
+
+class CudnnAttention {
+ public:
+  // Graphs run on `stream`; workspaces come from `backend` (category attention).
+  CudnnAttention(Backend& backend, cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+               const Tensor& v);
+  void backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                const Tensor& lse);
+
+ private:
+  struct Graphs;  // the cuDNN handle and the plans, defined where cudnn.h is included
+
+  Backend& backend_;
+  std::unique_ptr<Graphs> graphs_;
+};
+
+}  // namespace ulysses
