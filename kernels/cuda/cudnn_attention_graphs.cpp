@@ -66,6 +66,16 @@ class AttentionGraph {
     return tensor(next_virtual(), dtype, dims, strides, true);
   }
 
+  // scale · Q·Kᵀ, [B, Hq, T, T] f32.
+  const Descriptor& scaled_scores(const Descriptor& q, const Descriptor& k_t,
+                                  const Descriptor& scale) {
+    const Descriptor& s = scores(CUDNN_DATA_FLOAT);
+    builder.matmul(q, k_t, s);
+    const Descriptor& scaled = scores(CUDNN_DATA_FLOAT);
+    builder.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled);
+    return scaled;
+  }
+
   // scores masked causally: position (row, col) with row < col becomes −∞.
   const Descriptor& causal_mask(const Descriptor& scores_in, const Descriptor& negative_infinity) {
     const Descriptor& row = scores(CUDNN_DATA_INT32);
@@ -106,11 +116,7 @@ void add_attention_forward(GraphBuilder& builder, const AttentionShape& dims) {
   const Descriptor& scale = g.scalar(kScale);
   const Descriptor& negative_infinity = g.scalar(kNegativeInfinity);
 
-  const Descriptor& s = g.scores(CUDNN_DATA_FLOAT);
-  g.builder.matmul(q, k_t, s);
-  const Descriptor& scaled = g.scores(CUDNN_DATA_FLOAT);
-  g.builder.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled);
-  const Descriptor& masked = g.causal_mask(scaled, negative_infinity);
+  const Descriptor& masked = g.causal_mask(g.scaled_scores(q, k_t, scale), negative_infinity);
 
   const Descriptor& row_max = g.per_row(0, true);
   g.builder.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, row_max);
@@ -157,12 +163,8 @@ void add_attention_backward(GraphBuilder& builder, const AttentionShape& dims, b
   g.builder.pointwise(CUDNN_POINTWISE_MUL, summed, &one, row_dot);
 
   // P, masked after the log-sum-exp is taken off and before the exponential.
-  const Descriptor& s = g.scores(CUDNN_DATA_FLOAT);
-  g.builder.matmul(q, k_t, s);
-  const Descriptor& scaled = g.scores(CUDNN_DATA_FLOAT);
-  g.builder.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled);
   const Descriptor& shifted = g.scores(CUDNN_DATA_FLOAT);
-  g.builder.pointwise(CUDNN_POINTWISE_SUB, scaled, &stats, shifted);
+  g.builder.pointwise(CUDNN_POINTWISE_SUB, g.scaled_scores(q, k_t, scale), &stats, shifted);
   const Descriptor& masked = g.causal_mask(shifted, negative_infinity);
   const Descriptor& p = g.scores(CUDNN_DATA_FLOAT);
   g.builder.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, p);
