@@ -106,14 +106,14 @@ class Backend {
   // out = x * rstd * weight, rstd[R] = 1 / sqrt(mean(x^2) + eps)
   virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                const Tensor& weight, float eps) = 0;
-  // dx +=, dweight +=
+  // dx +=, dweight +=; dx may be the same memory as dout
   virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                 const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
   // out = (x - mean) * rstd * weight + bias; saves mean[R], rstd[R]
   virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                  const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  float eps) = 0;
-  // dx +=, dweight +=, dbias +=
+  // dx +=, dweight +=, dbias +=; dx may be the same memory as dout
   virtual void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                   const Tensor& dout, const Tensor& x, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd) = 0;

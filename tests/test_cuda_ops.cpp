@@ -217,6 +217,12 @@ TEST_F(CudaOps, RmsNormForwardAndBackward) {
   gpu_->rmsnorm_backward(dx.gpu, dw.gpu, dout.gpu, x.gpu, w.gpu, rstd.gpu);
   EXPECT_LT(error(dx), kBf16Output);
   EXPECT_LT(error(dw), 1e-4);
+
+  // dx may be dout's buffer: the weight gradient still sees the incoming gradient.
+  cpu_->rmsnorm_backward(dout.cpu, dw.cpu, dout.cpu, x.cpu, w.cpu, rstd.cpu);
+  gpu_->rmsnorm_backward(dout.gpu, dw.gpu, dout.gpu, x.gpu, w.gpu, rstd.gpu);
+  EXPECT_LT(error(dout), kBf16Output);
+  EXPECT_LT(error(dw), 1e-4);
 }
 
 TEST_F(CudaOps, LayerNormForwardAndBackward) {
@@ -240,6 +246,13 @@ TEST_F(CudaOps, LayerNormForwardAndBackward) {
   cpu_->layernorm_backward(dx.cpu, dw.cpu, db.cpu, dout.cpu, x.cpu, w.cpu, mean.cpu, rstd.cpu);
   gpu_->layernorm_backward(dx.gpu, dw.gpu, db.gpu, dout.gpu, x.gpu, w.gpu, mean.gpu, rstd.gpu);
   EXPECT_LT(error(dx), kBf16Output);
+  EXPECT_LT(error(dw), 1e-4);
+  EXPECT_LT(error(db), 1e-5);
+
+  // dx may be dout's buffer.
+  cpu_->layernorm_backward(dout.cpu, dw.cpu, db.cpu, dout.cpu, x.cpu, w.cpu, mean.cpu, rstd.cpu);
+  gpu_->layernorm_backward(dout.gpu, dw.gpu, db.gpu, dout.gpu, x.gpu, w.gpu, mean.gpu, rstd.gpu);
+  EXPECT_LT(error(dout), kBf16Output);
   EXPECT_LT(error(dw), 1e-4);
   EXPECT_LT(error(db), 1e-5);
 }

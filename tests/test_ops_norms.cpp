@@ -150,6 +150,47 @@ TEST(CpuLayerNorm, ForwardAndBackward) {
                           kGradientTolerance, "layernorm dbias");
 }
 
+// dx may be dout's own buffer (backend.h): the result is then what a separate dx that started
+// as a copy of dout receives, bit for bit, and the weight gradients see the incoming dout.
+TEST(CpuNorms, BackwardIntoDoutsOwnBuffer) {
+  CpuBackend backend;
+  const int64_t rows = 5, width = 40;
+  const std::vector<float> x = random_floats(size_t(rows * width), 1, -2.0f, 2.0f);
+  const std::vector<float> w = random_floats(size_t(width), 2, 0.5f, 1.5f);
+  const std::vector<float> dout = random_floats(size_t(rows * width), 3);
+  Buffer xb = make_f32(backend, {rows, width}, x);
+  Buffer wb = make_f32(backend, {width}, w);
+  Buffer bias = make_f32(backend, {width}, std::vector<float>(size_t(width), 0.0f));
+  Buffer out = backend.alloc(MemCategory::activations, DType::f32, {rows, width}, "out");
+  Buffer mean = backend.alloc(MemCategory::activations, DType::f32, {rows}, "mean");
+  Buffer rstd = backend.alloc(MemCategory::activations, DType::f32, {rows}, "rstd");
+  const std::vector<float> zeros(size_t(width), 0.0f);
+  for (bool layer : {false, true}) {
+    SCOPED_TRACE(layer ? "layernorm" : "rmsnorm");
+    if (layer)
+      backend.layernorm_forward(out, mean, rstd, xb, wb, bias, 1e-5f);
+    else
+      backend.rmsnorm_forward(out, rstd, xb, wb, 1e-5f);
+    Buffer separate = make_f32(backend, {rows, width}, dout),
+           grad = make_f32(backend, {rows, width}, dout);
+    Buffer shared = make_f32(backend, {rows, width}, dout);
+    Buffer dw_separate = make_f32(backend, {width}, zeros),
+           dw_shared = make_f32(backend, {width}, zeros);
+    Buffer db_separate = make_f32(backend, {width}, zeros),
+           db_shared = make_f32(backend, {width}, zeros);
+    if (layer) {
+      backend.layernorm_backward(separate, dw_separate, db_separate, grad, xb, wb, mean, rstd);
+      backend.layernorm_backward(shared, dw_shared, db_shared, shared, xb, wb, mean, rstd);
+    } else {
+      backend.rmsnorm_backward(separate, dw_separate, grad, xb, wb, rstd);
+      backend.rmsnorm_backward(shared, dw_shared, shared, xb, wb, rstd);
+    }
+    EXPECT_EQ(read_f32(backend, shared), read_f32(backend, separate));
+    EXPECT_EQ(read_f32(backend, dw_shared), read_f32(backend, dw_separate));
+    EXPECT_EQ(read_f32(backend, db_shared), read_f32(backend, db_separate));
+  }
+}
+
 // ---- RoPE ----------------------------------------------------------------------------------
 
 // x[B, T, H, d], rotate_half convention, positions pos_offset + t, all in double.

@@ -1,5 +1,6 @@
 // CudaBackend: device selection, memory, data movement, elementwise helpers, bias, AdamW and
 // the deterministic column reductions that weight gradients use.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,6 +97,16 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind a
     check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     memory().set_limit(std::max<int64_t>(int64_t(free_bytes) - kUntrackedReserveBytes, 1));
   }
+  int max_pitch = 0;
+  check_cuda(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device), "max pitch");
+  max_copy_pitch_ = max_pitch;
+  // The stream-ordered pool keeps what it freed instead of handing it back to the driver at
+  // every synchronisation (the default threshold of 0 would).
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep_all = UINT64_MAX;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
+             "cudaMemPoolSetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   cublasStatus_t lt_status = cublasLtCreate(&lt_);
   if (lt_status != CUBLAS_STATUS_SUCCESS) {
@@ -150,7 +161,9 @@ void* CudaBackend::raw_alloc(size_t bytes) {
 }
 
 void CudaBackend::raw_free(void* pointer) {
-  check_cuda(cudaFreeAsync(pointer, stream_), "cudaFreeAsync");
+  // Runs in destructors (also while an earlier CUDA error unwinds the stack), so it must not
+  // throw; a failure stays sticky for the next checked call.
+  (void)cudaFreeAsync(pointer, stream_);
 }
 
 void* CudaBackend::host_staging_alloc(size_t bytes) {
@@ -211,6 +224,16 @@ void CudaBackend::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t
   if (rows == 1) {
     check_cuda(cudaMemcpyAsync(dst, src, size_t(row_bytes), cudaMemcpyDeviceToDevice, stream_),
                "copy_2d (cudaMemcpyAsync)");
+    return;
+  }
+  if (std::max(dst_pitch, src_pitch) > max_copy_pitch_) {
+    // Pitches of full-sequence rows (Ulysses at millions of tokens) pass the 2-D copy's limit;
+    // rows are few there (the batch), so one copy each.
+    for (int64_t row = 0; row < rows; ++row)
+      check_cuda(cudaMemcpyAsync(static_cast<char*>(dst) + row * dst_pitch,
+                                 static_cast<const char*>(src) + row * src_pitch, size_t(row_bytes),
+                                 cudaMemcpyDeviceToDevice, stream_),
+                 "copy_2d (cudaMemcpyAsync per row)");
     return;
   }
   check_cuda(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(row_bytes),

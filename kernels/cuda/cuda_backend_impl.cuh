@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
   const GemmPlan& gemm_plan(const GemmKey& key);
 
   int device_ = 0;
+  int64_t max_copy_pitch_ = 0;  // cudaMemcpy2DAsync's largest pitch on this device
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   Buffer gemm_workspace_;

@@ -21,23 +21,24 @@ template <ColumnTerm kTerm, typename T>
 __global__ void column_partials_kernel(float* parts, const T* g, const T* x, const float* mean,
                                        const float* rstd, int64_t rows, int64_t width,
                                        int64_t rows_per_chunk) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= width) return;
   const int64_t chunk = blockIdx.y;
   const int64_t begin = chunk * rows_per_chunk;
   const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
-  float sum = 0.0f;
-  for (int64_t r = begin; r < end; ++r) {
-    const float grad = to_float(g[r * width + j]);
-    if constexpr (kTerm == ColumnTerm::value) {
-      sum += grad;
-    } else if constexpr (kTerm == ColumnTerm::times_rms_input) {
-      sum += grad * to_float(x[r * width + j]) * rstd[r];
-    } else {
-      sum += grad * (to_float(x[r * width + j]) - mean[r]) * rstd[r];
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < width;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t r = begin; r < end; ++r) {
+      const float grad = to_float(g[r * width + j]);
+      if constexpr (kTerm == ColumnTerm::value) {
+        sum += grad;
+      } else if constexpr (kTerm == ColumnTerm::times_rms_input) {
+        sum += grad * to_float(x[r * width + j]) * rstd[r];
+      } else {
+        sum += grad * (to_float(x[r * width + j]) - mean[r]) * rstd[r];
+      }
     }
+    parts[chunk * width + j] = sum;
   }
-  parts[chunk * width + j] = sum;
 }
 
 __global__ void add_column_partials_kernel(float* dst, const float* parts, int64_t chunks,

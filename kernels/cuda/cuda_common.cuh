@@ -86,6 +86,12 @@ void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
   }
 }
 
+// The block's dynamic shared memory (its size is the launch's third parameter).
+__device__ __forceinline__ unsigned char* dynamic_shared_memory() {
+  extern __shared__ __align__(16) unsigned char shared[];
+  return shared;
+}
+
 __device__ __forceinline__ float to_float(float v) {
   return v;
 }

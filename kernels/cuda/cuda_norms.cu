@@ -165,13 +165,14 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, cons
   const dim3 grid(cuda::blocks_for(width), unsigned(chunks.chunks));
   cuda::dispatch_float(x, op, [&](auto tag) {
     using T = decltype(tag);
-    rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(
-        static_cast<T*>(dx.data), static_cast<const T*>(dout.data), static_cast<const T*>(x.data),
-        static_cast<const T*>(weight.data), rstd.f32(), width);
+    // Column sums first, so that dx may be the same buffer as dout (as on the cpu).
     cuda::column_partials_kernel<cuda::ColumnTerm::times_rms_input, T>
         <<<grid, kThreads, 0, stream_>>>(parts.f32(), static_cast<const T*>(dout.data),
                                          static_cast<const T*>(x.data), nullptr, rstd.f32(), rows,
                                          width, chunks.rows_per_chunk);
+    rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(
+        static_cast<T*>(dx.data), static_cast<const T*>(dout.data), static_cast<const T*>(x.data),
+        static_cast<const T*>(weight.data), rstd.f32(), width);
   });
   check_launch(op);
   reduce_columns(dweight.f32(), parts.f32(), chunks.chunks, width);
@@ -236,14 +237,15 @@ void CudaBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, co
     using T = decltype(tag);
     const T* g = static_cast<const T*>(dout.data);
     const T* in = static_cast<const T*>(x.data);
-    layernorm_backward_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(
-        static_cast<T*>(dx.data), g, in, static_cast<const T*>(weight.data), mean.f32(), rstd.f32(),
-        width);
+    // Column sums first, so that dx may be the same buffer as dout (as on the cpu).
     cuda::column_partials_kernel<cuda::ColumnTerm::times_normed_input, T>
         <<<grid, kThreads, 0, stream_>>>(weight_parts, g, in, mean.f32(), rstd.f32(), rows, width,
                                          chunks.rows_per_chunk);
     cuda::column_partials_kernel<cuda::ColumnTerm::value, T><<<grid, kThreads, 0, stream_>>>(
         bias_parts, g, nullptr, nullptr, nullptr, rows, width, chunks.rows_per_chunk);
+    layernorm_backward_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(
+        static_cast<T*>(dx.data), g, in, static_cast<const T*>(weight.data), mean.f32(), rstd.f32(),
+        width);
   });
   check_launch(op);
   reduce_columns(dweight.f32(), weight_parts, chunks.chunks, width);
