@@ -75,7 +75,7 @@ void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const 
   const dim3 grid(unsigned((dims.seq_len + kTile - 1) / kTile), unsigned(dims.q_heads),
                   unsigned(q.shape[0]));
   auto launch = [&](auto kernel, int kDim) {
-    const size_t bytes = 3 * tile_bytes(kDim) + score_bytes();
+    const size_t bytes = forward_shared_bytes(kDim);
     allow_shared_memory(kernel, bytes, op);
     kernel<<<grid, kAttentionThreads, bytes, stream_>>>(
         static_cast<bf16*>(out.data), lse.f32(), static_cast<const bf16*>(q.data),
@@ -121,13 +121,13 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
   const auto* k_data = static_cast<const bf16*>(k.data);
   const auto* v_data = static_cast<const bf16*>(v.data);
   auto launch = [&](auto dq_kernel, auto dkv_kernel, int kDim) {
-    const size_t dq_bytes = 4 * tile_bytes(kDim) + score_bytes();
+    const size_t dq_bytes = dq_shared_bytes(kDim);
     allow_shared_memory(dq_kernel, dq_bytes, op);
     dq_kernel<<<dim3(tiles, unsigned(dims.q_heads), unsigned(batch)), kAttentionThreads, dq_bytes,
                 stream_>>>(static_cast<bf16*>(dq.data), dout_data, q_data, k_data, v_data,
                            lse.f32(), row_dot.f32(), dims);
     check_launch(op);
-    const size_t dkv_bytes = 4 * tile_bytes(kDim) + 2 * score_bytes();
+    const size_t dkv_bytes = dkv_shared_bytes(kDim);
     allow_shared_memory(dkv_kernel, dkv_bytes, op);
     dkv_kernel<<<dim3(tiles, unsigned(dims.kv_heads), unsigned(batch)), kAttentionThreads,
                  dkv_bytes, stream_>>>(static_cast<bf16*>(dk.data), static_cast<bf16*>(dv.data),

@@ -361,4 +361,15 @@ constexpr size_t score_bytes() {
   return size_t(kTile) * kScoreStride * sizeof(float);
 }
 
+// Dynamic shared memory of each kernel for head dims up to kDim (the launch's third parameter).
+constexpr size_t forward_shared_bytes(int dim) {
+  return 3 * tile_bytes(dim) + score_bytes();
+}
+constexpr size_t dq_shared_bytes(int dim) {
+  return 4 * tile_bytes(dim) + score_bytes();
+}
+constexpr size_t dkv_shared_bytes(int dim) {
+  return 4 * tile_bytes(dim) + 2 * score_bytes();
+}
+
 }  // namespace ulysses::cuda_attention
