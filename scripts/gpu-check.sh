@@ -2,8 +2,9 @@
 # GPU check for one machine with one GPU, in under 5 minutes on an H200:
 #   1. builds the CUDA backend (Release) and runs the GPU tests (a skip counts as a failure),
 #      including two ranks sharing the GPU through MPI staged via the host (sp = 2);
-#   2. benchmarks a Llama-1B-shaped model at 8K and 32K tokens: tokens/s, model FLOP/s as a
-#      fraction of the H200's 989 TFLOP/s bf16 peak, peak tracked memory;
+#   2. benchmarks a Llama-1B-shaped model at 8K and 32K tokens, with the native and the cuDNN
+#      attention: tokens/s, model FLOP/s as a fraction of the H200's 989 TFLOP/s bf16 peak,
+#      peak tracked memory;
 #   3. finds the longest sequence an 8B-shaped model trains at on this GPU (doubling, then
 #      bisection; a run that fails with out-of-memory is a data point, not an error);
 #   4. prints a summary table.
@@ -59,11 +60,12 @@ EOF
 run() {
   local name=$1 layers=$2 d=$3 heads=$4 kv=$5 ff=$6 vocab=$7 seq=$8 steps=$9
   local metrics="$WORK/$name-$seq.jsonl" log="$WORK/$name-$seq.log"
-  if timeout 150 "$BUILD/apps/ulysses-train" --config "$WORK/bench.yaml" \
+  if timeout 90 "$BUILD/apps/ulysses-train" --config "$WORK/bench.yaml" \
       --set model.n_layers="$layers" --set model.d_model="$d" --set model.n_heads="$heads" \
       --set model.n_kv_heads="$kv" --set model.d_ff="$ff" --set model.vocab_size="$vocab" \
       --set train.seq_len="$seq" --set model.max_seq_len="$seq" --set train.steps="$steps" \
       --set memory.activation_checkpointing="${CHECKPOINTING:-none}" \
+      --set kernels.attention="${ATTENTION:-native}" \
       --set log.metrics_file="$metrics" >"$log" 2>&1; then
     # The last step: the first pays for cuBLASLt plans and the memory pool.
     python3 - "$metrics" <<'EOF'
@@ -93,15 +95,17 @@ print(6*params+6*L*T*d)"
 
 declare -a ROWS
 echo "== Llama-1B shape (16 layers, d 2048, 32 heads, 8 kv heads, d_ff 8192, vocab 32000)"
-for seq in 8192 32768; do
-  read -r status tps step_ms peak < <(run llama1b 16 2048 32 8 8192 32000 "$seq" 3)
-  if [[ $status == ok ]]; then
-    fpt=$(flops_per_token 16 2048 32 8 8192 32000 "$seq")
-    mfu=$(python3 -c "print(f'{$tps*$fpt/$PEAK_FLOPS*100:.1f}%')")
-    ROWS+=("llama-1B|$seq|$(printf '%.0f' "$tps")|$(printf '%.0f' "$step_ms")|$mfu|$(python3 -c "print(f'{$peak/2**30:.1f} GiB')")")
-  else
-    ROWS+=("llama-1B|$seq|$status|-|-|-")
-  fi
+for attention in native cudnn; do
+  for seq in 8192 32768; do
+    read -r status tps step_ms peak < <(ATTENTION=$attention run llama1b 16 2048 32 8 8192 32000 "$seq" 2)
+    if [[ $status == ok ]]; then
+      fpt=$(flops_per_token 16 2048 32 8 8192 32000 "$seq")
+      mfu=$(python3 -c "print(f'{$tps*$fpt/$PEAK_FLOPS*100:.1f}%')")
+      ROWS+=("llama-1B $attention|$seq|$(printf '%.0f' "$tps")|$(printf '%.0f' "$step_ms")|$mfu|$(python3 -c "print(f'{$peak/2**30:.1f} GiB')")")
+    else
+      ROWS+=("llama-1B $attention|$seq|$status|-|-|-")
+    fi
+  done
 done
 
 echo "== longest sequence for the 8B shape (32 layers, d 4096, 32 heads, 8 kv, d_ff 14336, vocab 128256; layer checkpointing)"
@@ -131,8 +135,8 @@ fi
 
 echo
 echo "== summary ($((SECONDS - START_S)) s)"
-printf '%-10s | %-22s | %-10s | %-9s | %-10s | %-12s\n' model tokens tokens/s step_ms "MFU(989T)" "peak tracked"
+printf '%-16s | %-22s | %-10s | %-9s | %-10s | %-12s\n' model tokens tokens/s step_ms "MFU(989T)" "peak tracked"
 for row in "${ROWS[@]}"; do
   IFS='|' read -r a b c d e f <<<"$row"
-  printf '%-10s | %-22s | %-10s | %-9s | %-10s | %-12s\n' "$a" "$b" "$c" "$d" "$e" "$f"
+  printf '%-16s | %-22s | %-10s | %-9s | %-10s | %-12s\n' "$a" "$b" "$c" "$d" "$e" "$f"
 done
