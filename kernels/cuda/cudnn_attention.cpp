@@ -108,9 +108,13 @@ void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     GraphBuilder::Plan plan;
     try {
       plan = plan_for(true);
-    } catch (const std::runtime_error&) {
+    } catch (const std::runtime_error& refused) {
       deterministic = false;
-      plan = plan_for(false);
+      try {
+        plan = plan_for(false);
+      } catch (const std::runtime_error& also_refused) {
+        throw std::runtime_error(std::string(refused.what()) + "; and " + also_refused.what());
+      }
     }
     graphs_->backward_deterministic[key] = deterministic;
     found = graphs_->backward.emplace(key, std::move(plan)).first;
