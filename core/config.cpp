@@ -615,6 +615,14 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   if (c.kernels.attention == "cudnn" && c.device != "cuda") {
     reader.fail("kernels.attention", "cudnn needs device: cuda, but " + check.show("device"));
   }
+  if (c.kernels.attention == "cudnn" && m.n_heads > 0) {
+    const int head_dim = m.d_model / m.n_heads;
+    if (head_dim % 8 != 0 || head_dim > 128)
+      reader.fail("kernels.attention",
+                  "cudnn needs a head dim (model.d_model / model.n_heads) that is a multiple of 8 "
+                  "and at most 128, but it is " +
+                      std::to_string(head_dim) + "; use kernels.attention: native");
+  }
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
   if (c.parallel.head_chunks != 1)
