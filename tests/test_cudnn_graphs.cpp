@@ -1,7 +1,8 @@
 // The cuDNN attention graphs (kernels.attention: cudnn) without a GPU: every tensor and
-// operation descriptor of the forward and backward graphs finalizes, which is where cuDNN
-// checks that dims, strides and types fit together. Whether an engine takes the whole graph
-// needs a GPU: tests/test_cuda_ops.cpp and tests/test_cuda_training.cpp check that there.
+// operation descriptor of the forward and backward graphs finalizes, and so does each whole
+// operation graph (without a handle), which is where cuDNN checks that dims, strides and types
+// fit together. Whether an engine takes the graph needs a GPU: tests/test_cuda_ops.cpp and
+// tests/test_cuda_training.cpp check that there.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -30,6 +31,7 @@ TEST(CudnnAttentionGraphs, ForwardOperationsFinalize) {
     // Q·Kᵀ, scale, the causal mask (2 indices, compare, select), the softmax with its
     // statistics (max, sub, exp, sum, log, add, div), ·V.
     EXPECT_EQ(builder.operation_count(), 14u);
+    EXPECT_NO_THROW(builder.finalize_graph("forward"));
   }
 }
 
@@ -43,6 +45,7 @@ TEST(CudnnAttentionGraphs, BackwardOperationsFinalizeInBothVariants) {
       // and per-q-head dK and dV summed over each kv head's group under GQA.
       const size_t grouped = c.shape.q_heads != c.shape.kv_heads ? 2 : 0;
       EXPECT_EQ(builder.operation_count(), 21u + (deterministic ? 0 : 1) + grouped);
+      EXPECT_NO_THROW(builder.finalize_graph("backward"));
     }
   }
 }

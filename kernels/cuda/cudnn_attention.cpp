@@ -2,6 +2,7 @@
 
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -39,6 +40,14 @@ void require_supported(const Tensor& q, const Tensor& k, std::initializer_list<c
                                   ": kernels.attention: cudnn needs 16-byte aligned tensors");
 }
 
+constexpr size_t kMinimumVersion = 91600;
+
+// The deterministic backward keeps dP in its workspace on some GPUs (O(T²)); above this it
+// gives way to cuDNN's default, so that attention memory stays O(T·d).
+int64_t deterministic_workspace_limit(const AttentionShape& s) {
+  return std::max<int64_t>(int64_t(256) << 20, 4 * s.batch * s.q_heads * s.seq * s.dim * 4);
+}
+
 AttentionShape dims_of(const Tensor& q, const Tensor& k) {
   return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]};
 }
@@ -56,8 +65,20 @@ struct CudnnAttention::Graphs {
 
 CudnnAttention::CudnnAttention(Backend& backend, cudaStream_t stream)
     : backend_(backend), graphs_(std::make_unique<Graphs>()) {
+  // The graphs are the ones cudnn-frontend builds for runtimes from 9.16 on; older ones need
+  // other masks and workarounds.
+  const size_t version = cudnnGetVersion();
+  if (version < kMinimumVersion)
+    throw std::runtime_error(
+        "kernels.attention: cudnn needs cuDNN 9.16 or newer at run time, "
+        "but the loaded library is " +
+        std::to_string(version) + "; use kernels.attention: native");
   cudnn::check(cudnnCreate(&graphs_->handle), "kernels.attention: cudnn: cudnnCreate");
-  cudnn::check(cudnnSetStream(graphs_->handle, stream), "cudnnSetStream");
+  const cudnnStatus_t status = cudnnSetStream(graphs_->handle, stream);
+  if (status != CUDNN_STATUS_SUCCESS) {
+    cudnnDestroy(graphs_->handle);
+    cudnn::check(status, "cudnnSetStream");
+  }
 }
 
 CudnnAttention::~CudnnAttention() {
@@ -106,14 +127,23 @@ void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     };
     bool deterministic = true;
     GraphBuilder::Plan plan;
+    std::string why;
     try {
       plan = plan_for(true);
+      if (plan.workspace_bytes > deterministic_workspace_limit(dims)) {
+        deterministic = false;
+        why = "the deterministic plan wants " + std::to_string(plan.workspace_bytes) +
+              " bytes of workspace";
+      }
     } catch (const std::runtime_error& refused) {
       deterministic = false;
+      why = refused.what();
+    }
+    if (!deterministic) {
       try {
         plan = plan_for(false);
       } catch (const std::runtime_error& also_refused) {
-        throw std::runtime_error(std::string(refused.what()) + "; and " + also_refused.what());
+        throw std::runtime_error(why + "; and " + also_refused.what());
       }
     }
     graphs_->backward_deterministic[key] = deterministic;

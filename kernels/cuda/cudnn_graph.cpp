@@ -149,43 +149,61 @@ void GraphBuilder::reduction(cudnnReduceTensorOp_t reduce, const Descriptor& x,
   operations_.push_back(op.get());
 }
 
-GraphBuilder::Plan GraphBuilder::build(const std::string& what) {
+namespace {
+
+// cuDNN's last error message after a failed call, as "; <status> <message>".
+std::string refusal(cudnnStatus_t status) {
+  char message[512] = "";
+  cudnnGetLastErrorString(message, sizeof message);
+  return std::string("; ") + cudnnGetErrorString(status) + (message[0] ? " " : "") + message;
+}
+
+}  // namespace
+
+const Descriptor& GraphBuilder::finalize_graph(const std::string& what) {
   Descriptor& graph = owned_.emplace_back(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
+  if (handle_) graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+  graph
       .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
            int64_t(operations_.size()), operations_.data())
       .finalize(what + ": operation graph");
+  return graph;
+}
 
+GraphBuilder::Plan GraphBuilder::build(const std::string& what) {
+  const Descriptor& graph = finalize_graph(what);
   std::string refusals;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
         .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) continue;
+    cudnnStatus_t status = cudnnBackendFinalize(heuristics.get());
     int64_t count = 0;
-    if (cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                                 nullptr) != CUDNN_STATUS_SUCCESS)
-      continue;
+    if (status == CUDNN_STATUS_SUCCESS)
+      status = cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
     std::vector<Descriptor> configs;
     std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
+    for (int64_t i = 0; status == CUDNN_STATUS_SUCCESS && i < count; ++i) {
       configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
       raw.push_back(configs.back().get());
     }
     int64_t returned = 0;
-    check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data()),
-          what + ": heuristics results");
+    if (status == CUDNN_STATUS_SUCCESS && count > 0)
+      status =
+          cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
+    if (status != CUDNN_STATUS_SUCCESS) {
+      refusals += refusal(status);
+      continue;
+    }
     for (int64_t i = 0; i < returned; ++i) {
       Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
           .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[size_t(i)]);
-      const cudnnStatus_t status = cudnnBackendFinalize(plan.get());
+      status = cudnnBackendFinalize(plan.get());
       if (status != CUDNN_STATUS_SUCCESS) {
-        char message[512] = "";
-        cudnnGetLastErrorString(message, sizeof message);
-        refusals += std::string("; ") + cudnnGetErrorString(status) + " " + message;
+        refusals += refusal(status);
         continue;
       }
       Plan result;

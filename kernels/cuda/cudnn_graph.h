@@ -61,8 +61,13 @@ class GraphBuilder {
   // y = reduce(x) over the dims where y has extent 1, fp32 compute.
   void reduction(cudnnReduceTensorOp_t op, const Descriptor& x, const Descriptor& y);
 
+  // The operation graph of every operation added so far, finalized (with the handle when there
+  // is one: without, cuDNN still checks the graph, which tests use without a GPU).
+  const Descriptor& finalize_graph(const std::string& what);
+
   // The operation graph and the first engine configuration cuDNN's heuristics (mode A, then
-  // the fallback list) offer that finalizes into a plan. Throws, naming `what`, when none does.
+  // the fallback list) offer that finalizes into a plan. Throws, naming `what` and cuDNN's
+  // reasons, when none does.
   struct Plan {
     Descriptor plan;
     int64_t workspace_bytes = 0;
