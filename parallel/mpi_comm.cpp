@@ -47,9 +47,9 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::i32:
       return MPI_INT32_T;
     case DType::bf16:
-      break;
+      return MPI_UINT16_T;
   }
-  return MPI_UINT16_T;
+  throw std::logic_error("mpi_type: unknown dtype");
 }
 
 // MPI has no bf16: element-wise sum and max of bf16 bit patterns, computed in float and

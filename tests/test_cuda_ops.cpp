@@ -5,7 +5,6 @@
 // without the CUDA backend in this build) every test is skipped with the reason.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -28,9 +27,7 @@ constexpr double kAttention = 3e-2;
 constexpr double kLossGrad = 3e-2;
 
 float round_to_bf16(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return std::bit_cast<float>(bits & 0xffff0000u);
+  return bf16_to_float(float_to_bf16(value));
 }
 
 std::vector<float> random_values(size_t count, uint64_t seed, float scale = 1.0f) {
