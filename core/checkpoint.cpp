@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "core/file_util.h"
+#include "core/job_agreement.h"
+#include "core/nonfinite.h"
 #include "core/safetensors.h"
+#include "parallel/watchdog.h"
 
 namespace ulysses {
 
@@ -18,55 +21,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-const char* kModelFile = "model.safetensors";
-const char* kStateFile = "trainer_state.json";
-const char* kManifestFile = "manifest.json";
-const char* kLatestFile = "latest";
-
-std::string optimizer_file_name(int shard, int shards) {
-  char name[64];
-  std::snprintf(name, sizeof name, "optimizer-%05d-of-%05d.safetensors", shard, shards);
-  return name;
-}
-
-// Step folders under dir, newest first.
-std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> folders;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
-    char* end = nullptr;
-    long long step = std::strtoll(name.c_str() + 5, &end, 10);
-    if (end && *end == '\0') folders.emplace_back(step, entry.path().string());
-  }
-  std::sort(folders.rbegin(), folders.rend());
-  return folders;
-}
-
-json read_json(const std::string& path) {
-  std::string text = read_whole_file(path);
-  json value = json::parse(text, nullptr, false);
-  if (value.is_discarded())
-    throw CheckpointError("checkpoint file '" + path + "' is not valid JSON");
-  return value;
-}
-
-json model_shape_json(const ModelConfig& m) {
-  return {{"family", m.family},         {"n_layers", m.n_layers},      {"d_model", m.d_model},
-          {"n_heads", m.n_heads},       {"n_kv_heads", m.n_kv_heads},  {"d_ff", m.d_ff},
-          {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}};
-}
-
-// The shape keys plus what export needs to describe the model; only the shape keys must
-// match on resume (a longer-context fine-tune may change rope_theta).
-json recorded_model_json(const ModelConfig& m) {
-  json recorded = model_shape_json(m);
-  recorded["rope_theta"] = m.rope_theta;
-  recorded["norm_eps"] = m.norm_eps;
-  return recorded;
-}
 
 // The flat ranges an optimizer file holds, in the order its tensors pack them: metadata
 // "ranges" ([[begin, end], ...]), or "begin"/"end" (one range, files before ZeRO units).
@@ -99,90 +53,115 @@ std::vector<std::pair<int64_t, int64_t>> optimizer_file_ranges(const Safetensors
   return ranges;
 }
 
-}  // namespace
-
-std::string checkpoint_folder_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", (long long)step);
-  return name;
-}
-
-void verify_checkpoint(const std::string& folder) {
-  const std::string manifest_path = folder + "/" + kManifestFile;
-  if (!fs::exists(manifest_path))
-    throw CheckpointError("checkpoint '" + folder + "' has no " + kManifestFile +
-                          " (incomplete or not a checkpoint)");
-  json manifest;
-  try {
-    manifest = read_json(manifest_path);
-  } catch (const std::exception& error) {
-    throw CheckpointError(error.what());
+// What rank 0 found and did in the checkpoint folder before the first step; "" when all
+// is well.
+std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
+                                   const std::string& resume_folder) {
+  const std::string& dir = checkpoint.dir;
+  const auto folders = checkpoint_step_folders(dir);
+  if (resume_folder.empty() && !folders.empty()) {
+    if (!checkpoint.overwrite)
+      return "train.checkpoint.dir '" + dir + "' already holds checkpoints of an earlier run " +
+             "(newest: " + fs::path(folders.front().second).filename().string() +
+             ") and this run starts fresh, so it would overwrite them. To continue that run " +
+             "use --resume auto; to start over and delete them set " +
+             "train.checkpoint.overwrite: true; or choose another train.checkpoint.dir";
+    spdlog::warn(
+        "train.checkpoint.overwrite: deleting the {} checkpoint(s) of an earlier run in {} "
+        "(newest: {})",
+        folders.size(), dir, fs::path(folders.front().second).filename().string());
+    for (const auto& [step, folder] : folders) fs::remove_all(folder);
+    fs::remove(dir + "/" + kCheckpointLatestFile);
   }
-  if (!manifest.is_object() || manifest.value("format", "") != "ulysses-checkpoint")
-    throw CheckpointError("'" + manifest_path + "' is not a ulysses checkpoint manifest");
-  int version = manifest.value("format_version", -1);
-  if (version != kCheckpointFormatVersion)
-    throw CheckpointError("'" + manifest_path + "' has format_version " + std::to_string(version) +
-                          "; this build reads version " + std::to_string(kCheckpointFormatVersion));
-  if (!manifest.contains("files") || !manifest["files"].is_object())
-    throw CheckpointError("'" + manifest_path + "' lists no files");
-  for (const auto& [name, info] : manifest["files"].items()) {
-    const std::string path = folder + "/" + name;
-    std::error_code error;
-    if (!fs::exists(path, error))
-      throw CheckpointError("checkpoint file '" + path + "' is missing");
-    uint64_t expected_bytes = info.value("bytes", uint64_t(0));
-    uint64_t actual_bytes = fs::file_size(path, error);
-    if (error || actual_bytes != expected_bytes)
-      throw CheckpointError("checkpoint file '" + path + "' has " + std::to_string(actual_bytes) +
-                            " bytes, the manifest says " + std::to_string(expected_bytes) +
-                            " (truncated or overwritten)");
-    uint32_t expected_crc = info.value("crc32", uint32_t(0));
-    if (crc32_of_file(path) != expected_crc)
-      throw CheckpointError("checkpoint file '" + path + "' fails its CRC-32 checksum (corrupted)");
+  if (!resume_folder.empty() && !checkpoint.overwrite) {
+    const std::string newest = find_latest_checkpoint(dir);
+    if (!newest.empty() && fs::weakly_canonical(newest) != fs::weakly_canonical(resume_folder)) {
+      const int64_t resume_step = read_trainer_state(resume_folder).step;
+      const int64_t newest_step = read_trainer_state(newest).step;
+      if (newest_step > resume_step)
+        return "this run resumes from step " + std::to_string(resume_step) + " (" + resume_folder +
+               ") but train.checkpoint.dir '" + dir + "' holds a newer intact checkpoint (" +
+               newest + ") that it would overwrite; resume from the newest with --resume auto, " +
+               "choose another train.checkpoint.dir, or set train.checkpoint.overwrite: true";
+    }
   }
-}
-
-std::string find_latest_checkpoint(const std::string& dir) {
   std::error_code error;
-  if (dir.empty() || !fs::is_directory(dir, error)) return "";
-  const std::string latest_path = dir + "/" + kLatestFile;
-  if (fs::exists(latest_path, error)) {
-    std::string name = read_whole_file(latest_path);
-    name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
-    try {
-      verify_checkpoint(dir + "/" + name);
-      return dir + "/" + name;
-    } catch (const CheckpointError& problem) {
-      spdlog::warn("latest checkpoint unusable ({}); looking for an older one", problem.what());
-    }
-  }
-  for (const auto& [step, folder] : step_folders(dir)) {
-    try {
-      verify_checkpoint(folder);
-      return folder;
-    } catch (const CheckpointError& problem) {
-      spdlog::warn("skipping checkpoint: {}", problem.what());
-    }
-  }
+  fs::create_directories(dir, error);
+  if (error || !fs::is_directory(dir))
+    return "train.checkpoint.dir '" + dir +
+           "' cannot be created: " + (error ? error.message() : "a file of that name exists");
   return "";
 }
 
-std::string resolve_resume_path(const std::string& resume, const std::string& checkpoint_dir) {
-  if (resume == "auto") return find_latest_checkpoint(checkpoint_dir);
-  std::error_code error;
-  if (fs::exists(resume + "/" + kManifestFile, error)) return resume;
-  if (fs::is_directory(resume, error)) {
-    std::string found = find_latest_checkpoint(resume);
-    if (!found.empty()) return found;
+}  // namespace
+
+std::string agree_resume_folder(Comm& world, const std::string& resume,
+                                const std::string& checkpoint_dir) {
+  std::string folder, error;
+  if (world.rank() == 0) {
+    Watchdog::SlowWork slow(world.watchdog().get(), "finding the checkpoint to resume");
+    try {
+      if (resume == "auto") {
+        if (checkpoint_dir.empty())
+          error = "--resume auto needs train.checkpoint.dir in the config";
+        else
+          folder = find_latest_checkpoint(checkpoint_dir);
+        if (error.empty() && folder.empty())
+          spdlog::info("--resume auto: no checkpoint in {} yet, starting from step 0",
+                       checkpoint_dir);
+      } else {
+        folder = checkpoint_in(resume);
+        if (folder.empty()) error = "--resume " + resume + ": no intact checkpoint there";
+      }
+    } catch (const std::exception& problem) {
+      error = "--resume " + resume + ": " + problem.what();
+    }
   }
-  throw CheckpointError("--resume " + resume + ": no intact checkpoint there");
+  {
+    Watchdog::SlowWork slow(world.watchdog().get(), "finding the checkpoint to resume");
+    agree_on_failure(world, error, ExitCode::bad_input);
+  }
+  broadcast_string(world, folder, 0);
+  return folder;
+}
+
+void prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
+                            const std::string& resume_folder) {
+  if (checkpoint.dir.empty()) return;
+  Watchdog::SlowWork slow(world.watchdog().get(), "preparing the checkpoint folder");
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      error = inspect_checkpoint_dir(checkpoint, resume_folder);
+    } catch (const std::exception& problem) {
+      error = "train.checkpoint.dir '" + checkpoint.dir + "': " + problem.what();
+    }
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
+  // Every rank writes into step folders (its optimizer shard): each proves it can.
+  const std::string probe = checkpoint.dir + "/.write-test-rank" + std::to_string(world.rank());
+  try {
+    write_file_durably(probe, "ulysses write test\n");
+    fs::remove(probe);
+  } catch (const std::exception& problem) {
+    error = "train.checkpoint.dir '" + checkpoint.dir + "' is not writable from rank " +
+            std::to_string(world.rank()) + ": " + problem.what();
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
 }
 
 Checkpointer::Checkpointer(const Config& config, Backend& backend, Comm& world)
     : config_(config), backend_(backend), world_(world) {}
 
-std::string Checkpointer::save(int64_t step, Model& model, const AdamW& optimizer) {
+std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& model,
+                               const AdamW& optimizer) {
+  if (!training_state_is_finite(model.state(), optimizer, backend_, world_))
+    throw JobError(ExitCode::nonfinite,
+                   "not saving step " + std::to_string(step) +
+                       ": the weights or optimizer moments hold NaN or infinite values; the "
+                       "checkpoints already written are kept",
+                   world_.rank() == 0);
+  Watchdog::SlowWork slow(world_.watchdog().get(), "writing a checkpoint");
   const std::string dir = config_.train.checkpoint.dir;
   const std::string name = checkpoint_folder_name(step);
   const std::string final_path = dir + "/" + name;
@@ -236,38 +215,33 @@ std::string Checkpointer::save(int64_t step, Model& model, const AdamW& optimize
     weights.set_metadata("format", "ulysses");
     weights.set_metadata("step", std::to_string(step));
     weights.set_metadata("family", config_.model.family);
-    weights.write(temp_path + "/" + kModelFile);
+    weights.write(temp_path + "/" + kCheckpointModelFile);
 
-    std::vector<std::string> optimizer_names;
-    for (int i = 0; i < shards; ++i) optimizer_names.push_back(optimizer_file_name(i, shards));
-    json state = {
-        {"format_version", kCheckpointFormatVersion},
-        {"step", step},
-        {"sequences_consumed", step * int64_t(config_.train.grad_accum) * config_.train.batch_size *
-                                   (world_.size() / config_.parallel.sp)},
-        {"rng",
-         {{"seed", config_.train.seed},
-          {"note", "all randomness derives from (seed, step, sequence index)"}}},
-        {"world_size", world_.size()},
-        {"sp", config_.parallel.sp},
-        {"zero_stage", model.state().stage()},
-        {"model", recorded_model_json(config_.model)},
-        {"optimizer_shards", optimizer_names}};
-    write_file_durably(temp_path + "/" + kStateFile, state.dump(2) + "\n");
+    TrainerState state;
+    state.step = step;
+    state.sequences_per_step = int64_t(config_.train.grad_accum) * config_.train.batch_size *
+                               (world_.size() / config_.parallel.sp);
+    state.loss = loss;
+    state.world_size = world_.size();
+    state.sp = config_.parallel.sp;
+    state.zero_stage = model.state().stage();
+    state.model.model = config_.model;
+    state.model.rope_theta = config_.model.rope_theta;
+    state.model.norm_eps = config_.model.norm_eps;
+    for (int i = 0; i < shards; ++i)
+      state.optimizer_shards.push_back(optimizer_file_name(i, shards));
+    write_file_durably(temp_path + "/" + kCheckpointStateFile, trainer_state_json(state));
 
-    std::vector<std::string> written = optimizer_names;
-    written.push_back(kModelFile);
-    written.push_back(kStateFile);
-    json files = json::object();
+    CheckpointManifest manifest;
+    manifest.step = step;
+    std::vector<std::string> written = state.optimizer_shards;
+    written.push_back(kCheckpointModelFile);
+    written.push_back(kCheckpointStateFile);
     for (const std::string& file : written) {
       const std::string path = temp_path + "/" + file;
-      files[file] = {{"bytes", uint64_t(fs::file_size(path))}, {"crc32", crc32_of_file(path)}};
+      manifest.files.push_back({file, uint64_t(fs::file_size(path)), crc32_of_file(path)});
     }
-    json manifest = {{"format", "ulysses-checkpoint"},
-                     {"format_version", kCheckpointFormatVersion},
-                     {"step", step},
-                     {"files", files}};
-    write_file_durably(temp_path + "/" + kManifestFile, manifest.dump(2) + "\n");
+    write_file_durably(temp_path + "/" + kCheckpointManifestFile, manifest_json(manifest));
     fsync_directory(temp_path);
 
     // A folder of the same step (a rerun) is moved aside, never half-replaced.
@@ -276,40 +250,63 @@ std::string Checkpointer::save(int64_t step, Model& model, const AdamW& optimize
     if (fs::exists(final_path)) rename_or_throw(final_path, old_path);
     rename_or_throw(temp_path, final_path);
     fsync_directory(dir);
-    write_file_durably(dir + "/" + kLatestFile + ".tmp", name + "\n");
-    rename_or_throw(dir + "/" + kLatestFile + ".tmp", dir + "/" + kLatestFile);
+    write_file_durably(dir + "/" + kCheckpointLatestFile + ".tmp", name + "\n");
+    rename_or_throw(dir + "/" + kCheckpointLatestFile + ".tmp", dir + "/" + kCheckpointLatestFile);
     fsync_directory(dir);
     fs::remove_all(old_path);
-
-    const int keep = config_.train.checkpoint.keep_last;
-    if (keep > 0) {
-      auto folders = step_folders(dir);
-      for (size_t i = size_t(keep); i < folders.size(); ++i)
-        if (folders[i].second != final_path) fs::remove_all(folders[i].second);
-    }
+    prune(final_path);
   }
   world_.barrier();
   return final_path;
 }
 
-int64_t Checkpointer::load(const std::string& folder, Model& model, AdamW& optimizer) {
-  verify_checkpoint(folder);
-  const json state = read_json(folder + "/" + kStateFile);
-  if (state.value("format_version", -1) != kCheckpointFormatVersion)
-    throw CheckpointError("'" + folder + "/" + kStateFile + "' has an unknown format_version");
-  const json expected = model_shape_json(config_.model);
-  for (const auto& [key, value] : expected.items()) {
-    if (!state["model"].contains(key) || state["model"][key] != value)
-      throw CheckpointError("checkpoint '" + folder + "' was written for model." + key + "=" +
-                            (state["model"].contains(key) ? state["model"][key].dump() : "?") +
-                            ", this run has model." + key + "=" + value.dump());
+// Keeps the keep_last newest step folders, the one just written, and the newest whose loss
+// was finite (so a run that diverged can always go back to a good state).
+void Checkpointer::prune(const std::string& keep_folder) {
+  const int keep = config_.train.checkpoint.keep_last;
+  if (keep <= 0) return;
+  const auto folders = checkpoint_step_folders(config_.train.checkpoint.dir);
+  bool kept_finite = false;
+  for (size_t i = 0; i < folders.size(); ++i) {
+    const std::string& folder = folders[i].second;
+    bool finite = false;
+    try {
+      finite = read_trainer_state(folder).loss.has_value();
+    } catch (const CheckpointError&) {
+    }
+    const bool keep_for_finite = finite && !kept_finite;
+    kept_finite = kept_finite || finite;
+    if (i < size_t(keep) || folder == keep_folder || keep_for_finite) continue;
+    fs::remove_all(folder);
   }
+}
+
+TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& optimizer) {
+  Watchdog::SlowWork slow(world_.watchdog().get(), "reading a checkpoint");
+  verify_checkpoint(folder);
+  const TrainerState state = read_trainer_state(folder);
+  const std::string state_path = folder + "/" + kCheckpointStateFile;
+  const ModelConfig& recorded = state.model.model;
+  const ModelConfig& m = config_.model;
+  auto require_same = [&](const char* key, const std::string& theirs, const std::string& ours) {
+    if (theirs != ours)
+      throw CheckpointError("checkpoint '" + folder + "' was written for model." + key + "=" +
+                            theirs + ", this run has model." + key + "=" + ours);
+  };
+  require_same("family", recorded.family, m.family);
+  require_same("n_layers", std::to_string(recorded.n_layers), std::to_string(m.n_layers));
+  require_same("d_model", std::to_string(recorded.d_model), std::to_string(m.d_model));
+  require_same("n_heads", std::to_string(recorded.n_heads), std::to_string(m.n_heads));
+  require_same("n_kv_heads", std::to_string(recorded.n_kv_heads), std::to_string(m.n_kv_heads));
+  require_same("d_ff", std::to_string(recorded.d_ff), std::to_string(m.d_ff));
+  require_same("vocab_size", std::to_string(recorded.vocab_size), std::to_string(m.vocab_size));
+  require_same("max_seq_len", std::to_string(recorded.max_seq_len), std::to_string(m.max_seq_len));
 
   const ParamTable& table = model.table();
   const int64_t total = table.total_numel();
   std::vector<float> host(static_cast<size_t>(total));
   try {
-    SafetensorsReader weights(folder + "/" + kModelFile);
+    SafetensorsReader weights(folder + "/" + kCheckpointModelFile);
     for (const ParamSpec& spec : table.specs())
       weights.read_f32(spec.name, spec.shape, host.data() + spec.offset);
   } catch (const CheckpointError&) {
@@ -325,8 +322,8 @@ int64_t Checkpointer::load(const std::string& folder, Model& model, AdamW& optim
   std::vector<float> second(first.size());
   int64_t needed = 0, covered = 0;
   for (const ShardSegment& segment : mine) needed += segment.size();
-  for (const auto& shard_name : state.at("optimizer_shards")) {
-    const std::string path = folder + "/" + shard_name.get<std::string>();
+  for (const std::string& shard_name : state.optimizer_shards) {
+    const std::string path = folder + "/" + shard_name;
     try {
       SafetensorsReader shard(path);
       const std::vector<std::pair<int64_t, int64_t>> ranges = optimizer_file_ranges(shard, total);
@@ -361,7 +358,7 @@ int64_t Checkpointer::load(const std::string& folder, Model& model, AdamW& optim
                           " elements this rank needs");
   backend_.upload(optimizer.first_moment(), first.data());
   backend_.upload(optimizer.second_moment(), second.data());
-  return state.at("step").get<int64_t>();
+  return state;
 }
 
 }  // namespace ulysses

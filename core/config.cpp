@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -63,9 +65,12 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(train.seed),
       ULYSSES_FIELD(train.eval_every),
       ULYSSES_FIELD(train.eval_steps),
+      ULYSSES_FIELD(train.on_nonfinite),
+      ULYSSES_FIELD(train.max_skipped_steps),
       ULYSSES_FIELD(train.checkpoint.dir),
       ULYSSES_FIELD(train.checkpoint.every),
       ULYSSES_FIELD(train.checkpoint.keep_last),
+      ULYSSES_FIELD(train.checkpoint.overwrite),
       ULYSSES_FIELD(data.source),
       ULYSSES_FIELD(data.path),
       ULYSSES_FIELD(data.val_path),
@@ -82,6 +87,7 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(parallel.overlap),
       ULYSSES_FIELD(parallel.bucket_mb),
       ULYSSES_FIELD(parallel.device_comm),
+      ULYSSES_FIELD(parallel.timeout_s),
       ULYSSES_FIELD(memory.activation_checkpointing),
       ULYSSES_FIELD(memory.tiled_mlp),
       ULYSSES_FIELD(memory.loss_tile_tokens),
@@ -237,15 +243,37 @@ bool parse_bool(const std::string& text, bool& out) {
   return false;
 }
 
+// An integer too large (or small) for the key's type gets its range, not "expected an
+// integer".
+template <typename T>
+std::string integer_problem(const YAML::Node& node, const std::string& expected) {
+  if (node.IsScalar()) {
+    std::string text = node.Scalar();
+    if (!text.empty() && text[0] == '+') text.erase(0, 1);
+    const bool negative = !text.empty() && text[0] == '-';
+    const std::string digits = negative ? text.substr(1) : text;
+    const bool integer =
+        !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos;
+    if (integer && negative && std::numeric_limits<T>::min() == 0)
+      return expected + ", got " + node.Scalar();
+    if (integer)
+      return node.Scalar() + " is out of range; the " + (negative ? "smallest" : "largest") +
+             " allowed is " +
+             std::to_string(negative ? std::numeric_limits<T>::min()
+                                     : std::numeric_limits<T>::max());
+  }
+  return expected + ", got " + describe_node(node);
+}
+
 // Returns the problem with the node as a value of this type, or "" when it was stored.
 std::string convert(const YAML::Node& node, int& out) {
   if (node.IsScalar() && parse_integer(node.Scalar(), out)) return "";
-  return "expected an integer, got " + describe_node(node);
+  return integer_problem<int>(node, "expected an integer");
 }
 
 std::string convert(const YAML::Node& node, uint64_t& out) {
   if (node.IsScalar() && parse_integer(node.Scalar(), out)) return "";
-  return "expected a non-negative integer, got " + describe_node(node);
+  return integer_problem<uint64_t>(node, "expected a non-negative integer");
 }
 
 std::string convert(const YAML::Node& node, double& out) {
@@ -283,13 +311,21 @@ class ConfigReader {
   explicit ConfigReader(std::string source_name) : source_(std::move(source_name)) {}
 
   void read_file_tree(const std::string& yaml_text) {
-    YAML::Node root;
+    std::vector<YAML::Node> documents;
     try {
-      root = YAML::Load(yaml_text);
+      documents = YAML::LoadAll(yaml_text);
     } catch (const YAML::Exception& error) {
       throw ConfigError(source_ + ":" + std::to_string(error.mark.line + 1) +
                         ": invalid YAML: " + error.msg);
     }
+    while (documents.size() > 1 && documents.back().IsNull()) documents.pop_back();
+    if (documents.size() > 1) {
+      throw ConfigError(line_of(documents[1]) + ": the file holds " +
+                        std::to_string(documents.size()) +
+                        " YAML documents (separated by '---'); a config is one document");
+    }
+    if (documents.empty()) return;
+    const YAML::Node& root = documents[0];
     if (root.IsNull()) return;
     if (!root.IsMap()) {
       throw ConfigError(line_of(root) + ": the config must be a map of sections (device, " +
@@ -493,6 +529,8 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   check.at_least("train.grad_clip", c.train.grad_clip, 0.0);
   check.at_least("train.eval_every", c.train.eval_every, 0);
   check.at_least("train.eval_steps", c.train.eval_steps, 1);
+  check.choice("train.on_nonfinite", c.train.on_nonfinite, {"abort", "skip"});
+  check.at_least("train.max_skipped_steps", c.train.max_skipped_steps, 1);
   check.at_least("train.checkpoint.every", c.train.checkpoint.every, 0);
   check.at_least("train.checkpoint.keep_last", c.train.checkpoint.keep_last, 0);
 
@@ -513,11 +551,21 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   check.at_least("parallel.head_chunks", c.parallel.head_chunks, 1);
   check.positive("parallel.bucket_mb", c.parallel.bucket_mb);
   check.choice("parallel.device_comm", c.parallel.device_comm, {"auto", "nccl", "mpi"});
+  check.at_least("parallel.timeout_s", c.parallel.timeout_s, 0.0);
 
   check.choice("memory.activation_checkpointing", c.memory.activation_checkpointing,
                {"none", "layer"});
   check.at_least("memory.loss_tile_tokens", c.memory.loss_tile_tokens, 1);
   check.at_least("memory.limit_gib", c.memory.limit_gib, 0.0);
+  // A limit that rounds to a few bytes is a typo for 0 (no limit), and the byte count must
+  // fit an int64.
+  constexpr double kSmallestLimitGib = 1e-6, kLargestLimitGib = 1024.0 * 1024.0 * 1024.0;
+  if (c.memory.limit_gib > 0.0 &&
+      (c.memory.limit_gib < kSmallestLimitGib || c.memory.limit_gib > kLargestLimitGib)) {
+    reader.fail("memory.limit_gib", "must be 0 (no limit) or between 1e-06 (about 1 KiB) and " +
+                                        format_double(kLargestLimitGib) + " (1 EiB), got " +
+                                        format_double(c.memory.limit_gib));
+  }
 
   check.choice("kernels.attention", c.kernels.attention, {"native", "cudnn"});
 
@@ -544,6 +592,37 @@ void resolve_defaults(const ConfigReader& reader, Config& c) {
                                           "it to the tokenizer's vocabulary size");
     }
     m.vocab_size = default_vocab_size(c.data);
+  }
+}
+
+// Sizes far beyond any real model would overflow the arithmetic of the parameter table and
+// the buffers long before an allocation could fail cleanly: refused with the numbers.
+void check_model_size(const ConfigReader& reader, const Config& c) {
+  constexpr int kMaxLayers = 100000;
+  constexpr long double kMaxParams = 1099511627776.0L;              // 2^40
+  constexpr long double kMaxActivationBytes = 1125899906842624.0L;  // 2^50: 1 PiB per rank
+  const ModelConfig& m = c.model;
+  if (m.n_layers > kMaxLayers) {
+    reader.fail("model.n_layers", std::to_string(m.n_layers) + " is above the " +
+                                      std::to_string(kMaxLayers) + " layers ulysses supports");
+  }
+  const long double C = m.d_model, F = m.d_ff, L = m.n_layers;
+  const long double params = 2.0L * m.vocab_size * C + (long double)m.max_seq_len * C +
+                             L * (4.0L * C * C + 3.0L * C * F + 6.0L * C + F);
+  if (params > kMaxParams) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3Lg", params);
+    reader.fail("model.d_model", std::string("the model would have about ") + text +
+                                     " parameters (" + reader.show(c, "model.n_layers") + ", " +
+                                     reader.show(c, "model.d_ff") + ", " +
+                                     reader.show(c, "model.vocab_size") +
+                                     "); ulysses supports at most 2^40 (1.1e12)");
+  }
+  const long double activation_bytes = 4.0L * c.train.batch_size * c.train.seq_len * std::max(C, F);
+  if (activation_bytes > kMaxActivationBytes) {
+    reader.fail("train.seq_len", "one activation of " + reader.show(c, "train.batch_size") +
+                                     " sequences of " + std::to_string(c.train.seq_len) +
+                                     " tokens would exceed 1 PiB; lower the batch or the length");
   }
 }
 
@@ -623,6 +702,7 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
                   "and at most 128, but it is " +
                       std::to_string(head_dim) + "; use kernels.attention: native");
   }
+  check_model_size(reader, c);
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
   if (c.parallel.head_chunks != 1)
@@ -631,6 +711,8 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
     reader.fail("parallel.overlap", "communication overlap is not implemented yet; use false");
   if (c.memory.tiled_mlp)
     reader.fail("memory.tiled_mlp", "tiled MLP is not implemented yet; use false");
+  if (!c.log.trace_file.empty())
+    reader.fail("log.trace_file", "trace files are not implemented yet; leave it empty");
 }
 
 // ---- YAML output -----------------------------------------------------------------------
@@ -673,6 +755,10 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw ConfigError(path +
+                      ": is a folder; --config takes a YAML file (e.g. configs/passkey-sp4.yaml)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": config file does not exist or cannot be read");
   std::stringstream text;
@@ -698,10 +784,17 @@ void validate_for_world(const Config& config, int world_size) {
                       join_choices(divisors_of(n_heads)));
   }
   if (n_kv_heads % sp != 0 && sp % n_kv_heads != 0) {
+    std::vector<std::string> working;
+    for (int candidate = 1; candidate <= n_heads; ++candidate) {
+      if (n_heads % candidate == 0 && world_size % candidate == 0 &&
+          (n_kv_heads % candidate == 0 || candidate % n_kv_heads == 0))
+        working.push_back(std::to_string(candidate));
+    }
     throw ConfigError("model.n_kv_heads=" + std::to_string(n_kv_heads) +
                       " and parallel.sp=" + std::to_string(sp) +
                       " do not fit: kv heads are split over the sp ranks when n_kv_heads % sp "
-                      "== 0, or replicated when sp % n_kv_heads == 0, and neither holds");
+                      "== 0, or replicated when sp % n_kv_heads == 0, and neither holds; on " +
+                      std::to_string(world_size) + " ranks sp can be " + join_choices(working));
   }
   if (config.train.seq_len % sp != 0) {
     int below = config.train.seq_len / sp * sp;
@@ -719,6 +812,13 @@ void validate_for_world(const Config& config, int world_size) {
                       " / parallel.sp=" + std::to_string(sp) + "); head_chunks can be " +
                       join_choices(divisors_of(heads_per_rank)));
   }
+}
+
+std::vector<std::string> config_key_values(const Config& config) {
+  Config copy = config;
+  std::vector<std::string> lines;
+  for (const Field& field : fields()) lines.push_back(field.key + "=" + scalar_text(copy, field));
+  return lines;
 }
 
 std::string config_to_yaml(const Config& config) {

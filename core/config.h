@@ -34,9 +34,10 @@ struct ModelConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;    // empty = no checkpoints
-  int every = 0;      // steps; 0 = only at the end
-  int keep_last = 0;  // 0 = keep all
+  std::string dir;         // empty = no checkpoints
+  int every = 0;           // steps; 0 = only at the end
+  int keep_last = 0;       // 0 = keep all
+  bool overwrite = false;  // a fresh run may replace the checkpoints already in dir
 };
 
 struct TrainConfig {
@@ -55,6 +56,10 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int eval_every = 0;  // 0 = no periodic eval
   int eval_steps = 4;  // batches per eval
+  // A NaN or infinite loss or gradient norm: abort (exit 3) or skip the update, up to
+  // max_skipped_steps in a row (docs/failures.md).
+  std::string on_nonfinite = "abort";  // abort | skip
+  int max_skipped_steps = 8;
   CheckpointConfig checkpoint;
 };
 
@@ -66,6 +71,8 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   // How device buffers travel between ranks (cuda): auto | nccl | mpi (staged through the host).
   std::string device_comm = "auto";
+  // Watchdog: a rank that waits longer than this in a collective ends the job (0 = off).
+  double timeout_s = 600.0;
 };
 
 struct MemoryConfig {
@@ -109,5 +116,7 @@ void validate_for_world(const Config& config, int world_size);
 
 // The resolved config as YAML, for --dry-run and the run log.
 std::string config_to_yaml(const Config& config);
+// Every key as "key=value" (resolved values), in the order of the key table.
+std::vector<std::string> config_key_values(const Config& config);
 
 }  // namespace ulysses

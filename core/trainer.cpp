@@ -6,8 +6,11 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "core/job_agreement.h"
+#include "core/nonfinite.h"
 #include "core/stop_signal.h"
 #include "core/weights_io.h"
+#include "parallel/watchdog.h"
 
 namespace ulysses {
 
@@ -70,12 +73,35 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
   optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train, model_->state().layout());
   if (backend.memory().planning()) return;
   model_->init_weights(train.seed);
-  train_data_ =
-      make_dataset(config.data, Split::train, train.seq_len, config.model.vocab_size, train.seed);
-  if (train.eval_every > 0)
-    val_data_ =
-        make_dataset(config.data, Split::val, train.seq_len, config.model.vocab_size, train.seed);
+  {
+    Watchdog::SlowWork slow(mesh.world->watchdog().get(), "opening the data");
+    train_data_ =
+        make_dataset(config.data, Split::train, train.seq_len, config.model.vocab_size, train.seed);
+    if (train.eval_every > 0)
+      val_data_ =
+          make_dataset(config.data, Split::val, train.seq_len, config.model.vocab_size, train.seed);
+  }
+  check_same_data(*train_data_, "training");
+  if (val_data_) check_same_data(*val_data_, "validation");
   checkpointer_ = std::make_unique<Checkpointer>(config, backend, *mesh.world);
+}
+
+void Trainer::check_same_data(const Dataset& dataset, const char* split) const {
+  const double sequences = double(dataset.num_sequences());
+  double range[2] = {sequences, -sequences};  // max and -min over the ranks
+  Watchdog::SlowWork slow(mesh_.world->watchdog().get(), "opening the data");
+  mesh_.world->all_reduce_host(range, 2, ReduceOp::max);
+  std::string error;
+  if (range[0] != -range[1])
+    error = std::string("the ranks see different ") + split + " data (" + config_.data.source +
+            " at data.path '" + config_.data.path + "'): from " +
+            std::to_string(int64_t(-range[1])) + " to " + std::to_string(int64_t(range[0])) +
+            " sequences; a file changed while the job started, or the nodes see different files";
+  agree_on_failure(*mesh_.world, error, ExitCode::bad_input);
+}
+
+void Trainer::set_phase(const char* phase) const {
+  if (Watchdog* watchdog = mesh_.world->watchdog().get()) watchdog->set_phase(phase);
 }
 
 void Trainer::load_initial_weights() {
@@ -88,13 +114,26 @@ void Trainer::load_initial_weights() {
 }
 
 void Trainer::resume(const std::string& folder) {
-  step_ = checkpointer_->load(folder, *model_, *optimizer_);
-  if (mesh_.world->rank() == 0) spdlog::info("resumed from {} at step {}", folder, step_);
+  const TrainerState state = checkpointer_->load(folder, *model_, *optimizer_);
+  step_ = state.step;
+  last_loss_ = state.loss;
+  if (mesh_.world->rank() != 0) return;
+  spdlog::info("resumed from {} at step {} (written by world {} = sp {} x dp {}, ZeRO stage {})",
+               folder, step_, state.world_size, state.sp, state.world_size / state.sp,
+               state.zero_stage);
+  const int64_t sequences_per_step =
+      int64_t(config_.train.grad_accum) * config_.train.batch_size * mesh_.dp_size;
+  if (state.sequences_per_step > 0 && state.sequences_per_step != sequences_per_step)
+    spdlog::warn(
+        "this run reads {} sequences per step (train.grad_accum x train.batch_size x dp), the "
+        "run that wrote the checkpoint read {}: the data position follows the step, so from step "
+        "{} on this run sees other sequences than the original run would have",
+        sequences_per_step, state.sequences_per_step, step_ + 1);
 }
 
 std::string Trainer::save_checkpoint() {
   const auto start = std::chrono::steady_clock::now();
-  std::string folder = checkpointer_->save(step_, *model_, *optimizer_);
+  std::string folder = checkpointer_->save(step_, last_loss_, *model_, *optimizer_);
   if (mesh_.world->rank() == 0)
     spdlog::info("checkpoint {} written in {:.2f} s", folder, seconds_since(start));
   return folder;
@@ -117,9 +156,11 @@ StepResult Trainer::train_step() {
   const TrainConfig& train = config_.train;
   const auto start = std::chrono::steady_clock::now();
   Comm& world = *mesh_.world;
+  if (Watchdog* watchdog = world.watchdog().get()) watchdog->set_step(step_ + 1);
 
   // Read every micro-batch first: the loss is a mean over all counted tokens of the global
   // batch, so its scale must be known before the first backward.
+  set_phase("reading data");
   std::vector<MicroBatch> micro_batches;
   double counted = 0.0;
   for (int micro = 0; micro < train.grad_accum; ++micro) {
@@ -133,6 +174,7 @@ StepResult Trainer::train_step() {
     throw std::runtime_error("the batch of step " + std::to_string(step_ + 1) +
                              " has no token with a target");
 
+  set_phase("forward and backward");
   model_->zero_grads();
   double totals[3] = {0.0, 0.0, 0.0};  // loss sum, counted tokens, correct answers
   for (const MicroBatch& batch : micro_batches) {
@@ -141,26 +183,64 @@ StepResult Trainer::train_step() {
     totals[1] += double(loss.count);
     totals[2] += double(loss.correct);
   }
+  set_phase("loss and gradient reduction");
   world.all_reduce_host(totals, 3, ReduceOp::sum);
 
   StepResult result;
+  result.step = step_ + 1;
   result.lr = learning_rate(train, step_);
+  result.loss = totals[0] / totals[1];
+  if (train_data_->has_answers()) result.accuracy = totals[2] / totals[1];
+  result.tokens = int64_t(train.grad_accum) * train.batch_size * mesh_.dp_size * train.seq_len;
   // ZeRO (parallel/zero_state.h): the reduced gradient and the master weights are whole or
   // this rank's shard; either way the norm is over the whole gradient, so clipping is exact.
   ZeroState& state = model_->state();
   state.reduce_gradients();
   result.grad_norm = std::sqrt(state.gradient_norm_squared());
-  optimizer_->update(state.master(), state.gradient_shard(), float(result.lr),
-                     clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
-  state.publish_weights();
+  // Both values are all-reduced, so every rank takes the same branch.
+  result.skipped = !std::isfinite(result.loss) || !std::isfinite(result.grad_norm);
+  if (result.skipped) {
+    handle_nonfinite(result);
+  } else {
+    set_phase("optimizer");
+    skipped_in_a_row_ = 0;
+    optimizer_->update(state.master(), state.gradient_shard(), float(result.lr),
+                       clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+    state.publish_weights();
+  }
   backend_.synchronize();
   ++step_;
-  result.step = step_;
-  result.loss = totals[0] / totals[1];
-  if (train_data_->has_answers()) result.accuracy = totals[2] / totals[1];
-  result.tokens = int64_t(train.grad_accum) * train.batch_size * mesh_.dp_size * train.seq_len;
+  last_loss_ = result.skipped ? std::nullopt : std::optional<double>(result.loss);
   result.step_seconds = seconds_since(start);
   return result;
+}
+
+void Trainer::handle_nonfinite(const StepResult& result) {
+  const std::string tensor = first_nonfinite_gradient(model_->state(), optimizer_->segments(),
+                                                      model_->table(), backend_, *mesh_.world);
+  const std::string what =
+      fmt::format("step {}: the loss is {} and the gradient norm is {}; {}", result.step,
+                  result.loss, result.grad_norm,
+                  tensor.empty() ? "every gradient element is finite"
+                                 : "the first tensor with a non-finite gradient is " + tensor);
+  const bool rank0 = mesh_.world->rank() == 0;
+  if (config_.train.on_nonfinite == "abort")
+    throw JobError(ExitCode::nonfinite,
+                   what + ". Stopping without saving this state (train.on_nonfinite: abort); " +
+                       "the checkpoints written so far are intact. Lower train.lr, set " +
+                       "train.grad_clip, or set train.on_nonfinite: skip",
+                   rank0);
+  ++skipped_in_a_row_;
+  if (skipped_in_a_row_ > config_.train.max_skipped_steps)
+    throw JobError(ExitCode::nonfinite,
+                   what + ". That is " + std::to_string(skipped_in_a_row_) +
+                       " non-finite steps in a row, more than train.max_skipped_steps = " +
+                       std::to_string(config_.train.max_skipped_steps) +
+                       "; stopping without saving this state",
+                   rank0);
+  if (rank0)
+    spdlog::warn("{}: update skipped ({} in a row; train.on_nonfinite: skip)", what,
+                 skipped_in_a_row_);
 }
 
 EvalResult Trainer::evaluate() {
@@ -199,6 +279,7 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
                            {"grad_comm_bytes", comm.reduce_bytes + comm.gather_bytes},
                            {"grad_comm_s", comm.reduce_seconds + comm.gather_seconds}};
     if (r.accuracy >= 0) line["accuracy"] = r.accuracy;
+    if (r.skipped) line["skipped"] = true;
     metrics_->write(line);
   }
   const int every = config_.log.every;
@@ -219,6 +300,12 @@ void Trainer::run() {
   if (mesh_.world->rank() == 0)
     metrics_ = std::make_unique<MetricsWriter>(config_.log.metrics_file, step_ > 0);
   std::vector<const Comm*> comms = {mesh_.world, mesh_.sp.get(), mesh_.dp.get()};
+  if (step_ >= train.steps) {
+    if (mesh_.world->rank() == 0)
+      spdlog::info("checkpoint at step {}, train.steps is {}: nothing to train", step_,
+                   train.steps);
+    return;
+  }
   while (step_ < train.steps) {
     backend_.memory().reset_peaks();
     CommStats before = sum_stats(comms);
@@ -227,6 +314,7 @@ void Trainer::run() {
     double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
     log_step(result, comm, comm_seconds);
     if (train.eval_every > 0 && (step_ % train.eval_every == 0 || step_ == train.steps)) {
+      set_phase("evaluation");
       EvalResult eval = evaluate();
       if (metrics_) {
         nlohmann::json line = {
@@ -244,6 +332,7 @@ void Trainer::run() {
         !checkpoint.dir.empty() &&
         ((checkpoint.every > 0 && step_ % checkpoint.every == 0) || step_ == train.steps);
     // A signal may reach some ranks only: agree on stopping before anyone acts on it.
+    set_phase("agreeing on a stop signal");
     double stop = stop_requested() ? 1.0 : 0.0;
     mesh_.world->all_reduce_host(&stop, 1, ReduceOp::max);
     if (stop > 0.0) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/checkpoint.h"
@@ -27,6 +28,7 @@ struct StepResult {
   double grad_norm = 0.0;
   int64_t tokens = 0;  // tokens of the global batch
   double step_seconds = 0.0;
+  bool skipped = false;  // non-finite, update dropped (train.on_nonfinite: skip)
 };
 
 struct EvalResult {
@@ -42,22 +44,32 @@ class Trainer {
   Model& model() { return *model_; }
   int64_t step() const { return step_; }
 
-  // One optimizer step over grad_accum micro-batches of the global batch.
+  // One optimizer step over grad_accum micro-batches of the global batch. A non-finite
+  // loss or gradient norm throws JobError(nonfinite) on every rank, or, with
+  // train.on_nonfinite: skip, drops the update (up to train.max_skipped_steps in a row).
   StepResult train_step();
   // eval_steps batches of the validation split.
   EvalResult evaluate();
-  // Continues from a checkpoint folder (weights, optimizer state, step).
+  // Continues from a checkpoint folder (weights, optimizer state, step); warns when this
+  // run's global batch differs from the checkpoint's (the data order then differs).
   void resume(const std::string& folder);
   // Loads model.init_from when it is set (a fresh run, not a resumed one).
   void load_initial_weights();
   // Writes a checkpoint of the current step (train.checkpoint.dir must be set).
   std::string save_checkpoint();
   // The whole run up to train.steps with logging, metrics, periodic eval and checkpoints.
-  // Stops early, with a checkpoint, when SIGTERM/SIGINT arrives on any rank.
+  // Stops early, with a checkpoint, when SIGTERM/SIGINT arrives on any rank. Says so and
+  // returns at once when the step is already train.steps or beyond.
   void run();
 
  private:
   MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence) const;
+  // Every rank must read the same data: the sizes each rank found are compared.
+  void check_same_data(const Dataset& dataset, const char* split) const;
+  // What the watchdog names when a collective of this phase waits too long.
+  void set_phase(const char* phase) const;
+  // A non-finite loss or gradient norm: throws (abort, or too many skips) or logs a skip.
+  void handle_nonfinite(const StepResult& result);
   void log_step(const StepResult& result, const CommStats& comm_delta, double comm_seconds);
 
   const Config& config_;
@@ -69,7 +81,9 @@ class Trainer {
   std::unique_ptr<Dataset> train_data_, val_data_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<MetricsWriter> metrics_;
-  int64_t step_ = 0;  // optimizer steps taken
+  int64_t step_ = 0;                 // optimizer steps taken
+  std::optional<double> last_loss_;  // of the last step, when finite (recorded in checkpoints)
+  int skipped_in_a_row_ = 0;
   double run_seconds_ = 0.0;
   int64_t run_steps_ = 0;
 };

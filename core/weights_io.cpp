@@ -12,7 +12,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "core/checkpoint.h"
+#include "core/checkpoint_format.h"
 #include "core/file_util.h"
 #include "core/safetensors.h"
 #include "core/weights_io_formats.h"
@@ -26,16 +26,14 @@ namespace {
 
 const char* kHfConfigFile = "config.json";
 const char* kHfIndexFile = "model.safetensors.index.json";
-const char* kWeightsFile = "model.safetensors";  // Hugging Face and our checkpoints alike
-const char* kManifestFile = "manifest.json";
-const char* kTrainerStateFile = "trainer_state.json";
+const char* kWeightsFile = "model.safetensors";  // Hugging Face's name for one-file models
 
 // What transformers' LlamaConfig assumes when config.json leaves these keys out.
 constexpr double kHfDefaultRopeTheta = 10000.0;
 constexpr double kHfDefaultRmsNormEps = 1e-6;
 
 [[noreturn]] void fail(const std::string& message) {
-  throw std::runtime_error(message);
+  throw WeightsError(message);
 }
 
 std::string in_quotes(const std::string& path) {
@@ -291,7 +289,7 @@ void load_ulysses_checkpoint(const std::string& folder, const ModelConfig& model
   verify_checkpoint(folder);
   const CheckpointModel recorded = read_checkpoint_model(folder);
   const ModelConfig& m = recorded.model;
-  const std::string state_path = folder + "/" + kTrainerStateFile;
+  const std::string state_path = folder + "/" + kCheckpointStateFile;
   if (m.family != model.family)
     fail(in_quotes(state_path) + ": family is " + m.family + " but model.family is " +
          model.family);
@@ -347,37 +345,9 @@ std::vector<const ParamSpec*> llmc_order(const ParamTable& table) {
 }
 
 CheckpointModel read_checkpoint_model(const std::string& folder) {
-  const std::string state_path = folder + "/" + kTrainerStateFile;
-  const json state = read_json_object(state_path);
-  if (!state.contains("model") || !state["model"].is_object())
-    fail(in_quotes(state_path) + " has no \"model\" object");
-  const json& recorded = state["model"];
-  CheckpointModel result;
-  ModelConfig& m = result.model;
-  if (!recorded.contains("family") || !recorded["family"].is_string() ||
-      (recorded["family"] != "llama" && recorded["family"] != "gpt2"))
-    fail(in_quotes(state_path) + ": model.family is " + recorded.value("family", json()).dump() +
-         ", not \"llama\" or \"gpt2\"");
-  m.family = recorded["family"].get<std::string>();
-  auto size = [&](const char* key) {
-    int64_t value = json_int(recorded, key, state_path);
-    if (value < 1 || value > std::numeric_limits<int>::max())
-      fail(in_quotes(state_path) + ": model." + key + " is " + std::to_string(value) +
-           ", not a usable size");
-    return int(value);
-  };
-  m.n_layers = size("n_layers");
-  m.d_model = size("d_model");
-  m.n_heads = size("n_heads");
-  m.n_kv_heads = size("n_kv_heads");
-  m.d_ff = size("d_ff");
-  m.vocab_size = size("vocab_size");
-  m.max_seq_len = size("max_seq_len");
-
-  result.rope_theta = json_positive_number(recorded, "rope_theta", state_path);
-  result.norm_eps = json_positive_number(recorded, "norm_eps", state_path);
+  CheckpointModel result = read_recorded_model(folder);
   if (!result.rope_theta || !result.norm_eps) {
-    const SafetensorsReader weights(folder + "/" + kWeightsFile);
+    const SafetensorsReader weights(folder + "/" + kCheckpointModelFile);
     const auto& metadata = weights.metadata();
     auto from_metadata = [&](std::optional<double>& value, const char* key) {
       auto found = metadata.find(key);
@@ -388,36 +358,53 @@ CheckpointModel read_checkpoint_model(const std::string& folder) {
     from_metadata(result.rope_theta, "rope_theta");
     from_metadata(result.norm_eps, "norm_eps");
   }
-  if (result.rope_theta) m.rope_theta = *result.rope_theta;
-  if (result.norm_eps) m.norm_eps = *result.norm_eps;
+  if (result.rope_theta) result.model.rope_theta = *result.rope_theta;
+  if (result.norm_eps) result.model.norm_eps = *result.norm_eps;
   return result;
 }
 
 void read_checkpoint_weights(const std::string& folder, const ParamTable& table,
                              std::vector<float>& params) {
   params.resize(size_t(table.total_numel()));
-  const SafetensorsReader weights(folder + "/" + kWeightsFile);
+  const SafetensorsReader weights(folder + "/" + kCheckpointModelFile);
   for (const ParamSpec& spec : table.specs())
     weights.read_f32(spec.name, spec.shape, params.data() + spec.offset);
 }
 
-void load_pretrained_weights(const std::string& path, const ModelConfig& model,
-                             const ParamTable& table, std::vector<float>& host_params) {
-  host_params.resize(size_t(table.total_numel()));
+namespace {
+
+void load_weights_from(const std::string& path, const ModelConfig& model, const ParamTable& table,
+                       std::vector<float>& host_params) {
   std::error_code error;
   if (fs::is_directory(path, error)) {
-    if (fs::exists(path + "/" + kManifestFile, error))
+    if (fs::exists(path + "/" + kCheckpointManifestFile, error))
       return load_ulysses_checkpoint(path, model, table, host_params);
     if (fs::exists(path + "/" + kHfConfigFile, error))
       return load_hf_llama(path, model, table, host_params);
     const std::string latest = find_latest_checkpoint(path);
     if (!latest.empty()) return load_ulysses_checkpoint(latest, model, table, host_params);
-    fail("model.init_from " + in_quotes(path) + " is a folder with neither " + kManifestFile +
-         " (a ulysses checkpoint), " + kHfConfigFile +
+    fail("model.init_from " + in_quotes(path) + " is a folder with neither " +
+         kCheckpointManifestFile + " (a ulysses checkpoint), " + kHfConfigFile +
          " (a Hugging Face Llama model) nor an intact checkpoint step folder");
   }
   if (fs::is_regular_file(path, error)) return load_llmc(path, model, table, host_params);
   fail("model.init_from " + in_quotes(path) + " does not exist (or is not a file or folder)");
+}
+
+}  // namespace
+
+void load_pretrained_weights(const std::string& path, const ModelConfig& model,
+                             const ParamTable& table, std::vector<float>& host_params) {
+  host_params.resize(size_t(table.total_numel()));
+  try {
+    load_weights_from(path, model, table, host_params);
+  } catch (const WeightsError&) {
+    throw;
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::runtime_error& error) {  // the safetensors reader's, naming the file
+    throw WeightsError(error.what());
+  }
 }
 
 }  // namespace ulysses

@@ -3,10 +3,10 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/checkpoint_format.h"
 #include "core/config.h"
 #include "core/params.h"
 
@@ -26,14 +26,8 @@ constexpr double kLlmcNormEps = 1e-5;
 // each role's tensors by layer. Throws if the table has tensors llm.c does not store.
 std::vector<const ParamSpec*> llmc_order(const ParamTable& table);
 
-// The model a ulysses checkpoint folder was written for (trainer_state.json "model").
-// rope_theta and norm_eps are set only where the checkpoint records them: in
-// trainer_state.json "model", else in model.safetensors' metadata.
-struct CheckpointModel {
-  ModelConfig model;  // sizes recorded; rope_theta/norm_eps are the defaults
-  std::optional<double> rope_theta;
-  std::optional<double> norm_eps;
-};
+// The model a ulysses checkpoint folder was written for: rope_theta and norm_eps from
+// trainer_state.json "model", else from model.safetensors' metadata, where recorded.
 CheckpointModel read_checkpoint_model(const std::string& folder);
 
 // Reads the checkpoint folder's model.safetensors into params (laid out by table).

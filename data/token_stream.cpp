@@ -120,11 +120,44 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   if (!out) throw DataError(path + ": write failed");
 }
 
+TokenShardHeader parse_token_shard_header(const uint8_t* bytes, int64_t available,
+                                          int64_t file_size, const std::string& path) {
+  if (available < kShardHeaderBytes || file_size < kShardHeaderBytes) {
+    throw DataError(path + ": truncated token shard: " + std::to_string(file_size) +
+                    " bytes, but the header alone is " + std::to_string(kShardHeaderBytes));
+  }
+  int32_t header[kShardHeaderInts];
+  std::memcpy(header, bytes, sizeof(header));
+  if (header[0] != kShardMagic) {
+    throw DataError(path + ": bad magic " + std::to_string(header[0]) + ", expected " +
+                    std::to_string(kShardMagic) + " (an llm.c token shard)");
+  }
+  if (header[1] != 1 && header[1] != 2) {
+    throw DataError(path + ": unknown token shard version " + std::to_string(header[1]) +
+                    " (1 = uint16 tokens, 2 = uint32 tokens)");
+  }
+  if (header[2] < 0) {
+    throw DataError(path + ": negative token count " + std::to_string(header[2]));
+  }
+  TokenShardHeader parsed;
+  parsed.width = header[1] == 1 ? 2 : 4;
+  parsed.num_tokens = header[2];
+  int64_t expected = kShardHeaderBytes + parsed.width * parsed.num_tokens;
+  if (file_size != expected) {
+    throw DataError(path + ": " + (file_size < expected ? "truncated" : "oversized") +
+                    " token shard: the header says " + std::to_string(parsed.num_tokens) +
+                    " tokens of " + std::to_string(parsed.width) + " bytes, so " +
+                    std::to_string(expected) + " bytes, but the file has " +
+                    std::to_string(file_size));
+  }
+  return parsed;
+}
+
 TokenStream TokenStream::from_text_files(const std::vector<std::string>& files) {
   TokenStream stream;
   for (const std::string& path : files) {
     Piece piece;
-    piece.file = MappedFile(path);
+    piece.file = DataFile(path);
     if (piece.file.size() == 0) continue;
     piece.num_tokens = piece.file.size();
     piece.width = 1;
@@ -142,36 +175,15 @@ TokenStream TokenStream::from_token_shards(const std::vector<std::string>& files
   stream.vocab_size_ = vocab_size;
   for (const std::string& path : files) {
     Piece piece;
-    piece.file = MappedFile(path);
-    int64_t size = piece.file.size();
-    if (size < kShardHeaderBytes) {
-      throw DataError(path + ": truncated token shard: " + std::to_string(size) +
-                      " bytes, but the header alone is " + std::to_string(kShardHeaderBytes));
-    }
-    int32_t header[kShardHeaderInts];
-    std::memcpy(header, piece.file.data(), sizeof(header));
-    if (header[0] != kShardMagic) {
-      throw DataError(path + ": bad magic " + std::to_string(header[0]) + ", expected " +
-                      std::to_string(kShardMagic) + " (an llm.c token shard)");
-    }
-    if (header[1] != 1 && header[1] != 2) {
-      throw DataError(path + ": unknown token shard version " + std::to_string(header[1]) +
-                      " (1 = uint16 tokens, 2 = uint32 tokens)");
-    }
-    if (header[2] < 0) {
-      throw DataError(path + ": negative token count " + std::to_string(header[2]));
-    }
-    piece.width = header[1] == 1 ? 2 : 4;
-    piece.num_tokens = header[2];
+    piece.file = DataFile(path);
+    uint8_t header[kShardHeaderBytes];
+    const int64_t available = std::min<int64_t>(kShardHeaderBytes, piece.file.size());
+    piece.file.read(0, available, header);
+    const TokenShardHeader parsed =
+        parse_token_shard_header(header, available, piece.file.size(), path);
+    piece.width = parsed.width;
+    piece.num_tokens = parsed.num_tokens;
     piece.data_offset = kShardHeaderBytes;
-    int64_t expected = kShardHeaderBytes + piece.width * piece.num_tokens;
-    if (size != expected) {
-      throw DataError(path + ": " + (size < expected ? "truncated" : "oversized") +
-                      " token shard: the header says " + std::to_string(piece.num_tokens) +
-                      " tokens of " + std::to_string(piece.width) + " bytes, so " +
-                      std::to_string(expected) + " bytes, but the file has " +
-                      std::to_string(size));
-    }
     if (piece.num_tokens > 0) stream.add_piece(std::move(piece));
   }
   return stream;
@@ -207,7 +219,8 @@ void TokenStream::read(int64_t begin, int64_t count, int32_t* out) const {
 
 void TokenStream::read_piece(const Piece& piece, int64_t first, int64_t count, int32_t* out) const {
   int64_t stored = std::max<int64_t>(0, std::min(first + count, piece.num_tokens) - first);
-  const uint8_t* tokens = piece.file.data() + piece.data_offset;
+  std::vector<uint8_t> bytes(size_t(stored * piece.width));
+  piece.file.read(piece.data_offset + first * piece.width, int64_t(bytes.size()), bytes.data());
   auto check = [&](int64_t i, uint32_t value) {
     if (vocab_size_ > 0 && value >= uint32_t(vocab_size_)) {
       throw DataError(piece.file.path() + ": token at position " + std::to_string(first + i) +
@@ -216,18 +229,18 @@ void TokenStream::read_piece(const Piece& piece, int64_t first, int64_t count, i
     }
   };
   if (piece.width == 1) {
-    for (int64_t i = 0; i < stored; i++) out[i] = tokens[first + i];
+    for (int64_t i = 0; i < stored; i++) out[i] = bytes[size_t(i)];
   } else if (piece.width == 2) {
     for (int64_t i = 0; i < stored; i++) {
       uint16_t value;
-      std::memcpy(&value, tokens + 2 * (first + i), 2);
+      std::memcpy(&value, bytes.data() + 2 * i, 2);
       check(i, value);
       out[i] = value;
     }
   } else {
     for (int64_t i = 0; i < stored; i++) {
       uint32_t value;
-      std::memcpy(&value, tokens + 4 * (first + i), 4);
+      std::memcpy(&value, bytes.data() + 4 * i, 4);
       check(i, value);
       out[i] = int32_t(value);
     }

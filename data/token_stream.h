@@ -1,12 +1,12 @@
 // Files concatenated into one stream of token ids, for the text and tokens sources: a
-// sequence is a window of the stream, read straight from the memory-mapped files.
+// sequence is a window of the stream, read from the files at its positions (data_file.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "data/mapped_file.h"
+#include "data/data_file.h"
 
 namespace ulysses {
 
@@ -20,6 +20,16 @@ constexpr int kTextVocabSize = 257;
 constexpr int32_t kShardMagic = 20240520;
 constexpr int kShardHeaderInts = 256;
 constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
+
+// What a token shard's header says, checked against the file's size.
+struct TokenShardHeader {
+  int width = 2;           // bytes per token
+  int64_t num_tokens = 0;  // tokens stored
+};
+// Checks the header (the file's first `available` bytes; at least kShardHeaderBytes are
+// needed) of a shard of file_size bytes; throws DataError naming path and the problem.
+TokenShardHeader parse_token_shard_header(const uint8_t* bytes, int64_t available,
+                                          int64_t file_size, const std::string& path);
 
 // The files a data.path names, sorted: a single file, every file under a folder
 // (recursively, hidden entries skipped) or the files a glob matches. `key` ("data.path")
@@ -47,7 +57,7 @@ class TokenStream {
  private:
   // One file's contribution to the stream.
   struct Piece {
-    MappedFile file;
+    DataFile file;
     int64_t stream_begin = 0;      // position of the piece's first token in the stream
     int64_t num_tokens = 0;        // tokens stored in the file
     int64_t data_offset = 0;       // bytes before the first token

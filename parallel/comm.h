@@ -12,6 +12,8 @@
 
 namespace ulysses {
 
+class Watchdog;
+
 enum class ReduceOp { sum, max };
 
 // Bytes this rank sent and seconds spent (issue to completion), by kind of collective.
@@ -72,8 +74,14 @@ class Comm {
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats(); }
 
+  // The watchdog that this communicator's waits answer to (parallel/watchdog.h);
+  // communicators split from this one share it. Null: waits have no limit.
+  void set_watchdog(std::shared_ptr<Watchdog> watchdog) { watchdog_ = std::move(watchdog); }
+  const std::shared_ptr<Watchdog>& watchdog() const { return watchdog_; }
+
  protected:
   CommStats stats_;
+  std::shared_ptr<Watchdog> watchdog_;
 };
 
 // A communicator of one rank without MPI (single-process runs and unit tests).

@@ -122,7 +122,9 @@ class LocalComm final : public Comm {
 
   // Every group of a one-rank world is that rank alone.
   std::unique_ptr<Comm> split(int, int, const std::string& name) override {
-    return std::make_unique<LocalComm>(name, backend_);
+    auto comm = std::make_unique<LocalComm>(name, backend_);
+    comm->set_watchdog(watchdog_);
+    return comm;
   }
 
   [[noreturn]] void abort(int exit_code) override {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "parallel/comm_checks.h"
+#include "parallel/watchdog.h"
 
 namespace ulysses {
 
@@ -125,11 +126,12 @@ MPI_Comm native_with_errors_returned(MPI_Comm comm, const std::string& comm_name
 
 }  // namespace
 
-// The MPI requests of one non-blocking operation, and the datatypes they use.
+// The MPI requests of one operation, and the datatypes they use. Blocking operations are
+// issued non-blocking too and waited for at once: every wait polls under the watchdog.
 class MpiComm::Request final : public CommRequest {
  public:
-  Request(const std::string& comm_name, double* seconds)
-      : comm_name_(comm_name), seconds_(seconds), start_(Clock::now()) {}
+  Request(const MpiComm& comm, const char* collective, double* seconds)
+      : comm_(comm), collective_(collective), seconds_(seconds), start_(Clock::now()) {}
 
   // MPI does not allow abandoning a collective, so a handle dropped without wait() waits.
   ~Request() override {
@@ -144,17 +146,26 @@ class MpiComm::Request final : public CommRequest {
   void wait() override {
     if (done_) return;
     done_ = true;
-    int code = MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    int code = MPI_SUCCESS;
+    wait_with_watchdog(
+        comm_.watchdog().get(),
+        [&] {
+          int complete = 0;
+          code = MPI_Testall(int(requests.size()), requests.data(), &complete, MPI_STATUSES_IGNORE);
+          return complete != 0 || code != MPI_SUCCESS;
+        },
+        collective_, comm_.name(), [] { MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode); });
     for (MPI_Datatype& type : types) MPI_Type_free(&type);
-    *seconds_ += seconds_since(start_);
-    check_mpi(code, "MPI_Waitall", comm_name_);
+    if (seconds_) *seconds_ += seconds_since(start_);
+    check_mpi(code, "MPI_Testall", comm_.name());
   }
 
   std::vector<MPI_Request> requests;
   std::vector<MPI_Datatype> types;  // freed once the requests have completed
 
  private:
-  std::string comm_name_;
+  const MpiComm& comm_;
+  const char* collective_;
   double* seconds_;
   Clock::time_point start_;
   bool done_ = false;
@@ -227,50 +238,34 @@ int ranks_on_this_node(Comm& world) {
 
 // ---- all-to-all ----------------------------------------------------------------------------
 
-void MpiComm::issue_all_to_all(const Tensor& send, const Tensor& recv, Request* request) {
+void MpiComm::issue_all_to_all(const Tensor& send, const Tensor& recv, Request& request) {
   MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
   int64_t block = send.numel() / size_;  // elements to each rank
   if (block <= max_count_) {
     int count = int(block);
-    if (request)
-      check_mpi(MPI_Ialltoall(send.data, count, type, recv.data, count, type, comm,
-                              &request->requests.emplace_back()),
-                "MPI_Ialltoall", name_);
-    else
-      check_mpi(MPI_Alltoall(send.data, count, type, recv.data, count, type, comm), "MPI_Alltoall",
-                name_);
+    check_mpi(MPI_Ialltoall(send.data, count, type, recv.data, count, type, comm,
+                            &request.requests.emplace_back()),
+              "MPI_Ialltoall", name_);
     return;
   }
   for_each_chunk(block, max_count_, [&](int64_t offset, int64_t length) {
     MPI_Datatype piece = strided_block_type(type, length, block, dtype_size(send.dtype), name_);
-    if (request) {
-      request->types.push_back(piece);
-      check_mpi(MPI_Ialltoall(element_at(send, offset), 1, piece, element_at(recv, offset), 1,
-                              piece, comm, &request->requests.emplace_back()),
-                "MPI_Ialltoall", name_);
-    } else {
-      int code = MPI_Alltoall(element_at(send, offset), 1, piece, element_at(recv, offset), 1,
-                              piece, comm);
-      MPI_Type_free(&piece);
-      check_mpi(code, "MPI_Alltoall", name_);
-    }
+    request.types.push_back(piece);
+    check_mpi(MPI_Ialltoall(element_at(send, offset), 1, piece, element_at(recv, offset), 1, piece,
+                            comm, &request.requests.emplace_back()),
+              "MPI_Ialltoall", name_);
   });
 }
 
 void MpiComm::all_to_all(const Tensor& send, const Tensor& recv) {
-  check_all_to_all_args(*this, send, recv);
-  auto start = Clock::now();
-  issue_all_to_all(send, recv, nullptr);
-  stats_.all_to_all_seconds += seconds_since(start);
-  stats_.all_to_all_bytes += int64_t(send.bytes()) / size_ * (size_ - 1);
-  stats_.calls += 1;
+  all_to_all_async(send, recv)->wait();
 }
 
 CommHandle MpiComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
   check_all_to_all_args(*this, send, recv);
-  auto request = std::make_unique<Request>(name_, &stats_.all_to_all_seconds);
-  issue_all_to_all(send, recv, request.get());
+  auto request = std::make_unique<Request>(*this, "all-to-all", &stats_.all_to_all_seconds);
+  issue_all_to_all(send, recv, *request);
   stats_.all_to_all_bytes += int64_t(send.bytes()) / size_ * (size_ - 1);
   stats_.calls += 1;
   return request;
@@ -287,14 +282,14 @@ void MpiComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
                                 std::to_string(recv_counts[rank_]));
   MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
-  auto start = Clock::now();
+  Request request(*this, "all-to-all-v", &stats_.all_to_all_seconds);
+  std::vector<MPI_Request>& requests = request.requests;
 
   // Point-to-point messages in pieces of at most max_count_ elements, rather than
   // MPI_Alltoallv: its int counts and displacements could overflow, and whether they do is
   // known only locally, while every rank must take the same path. Messages between two ranks
   // arrive in the order they were sent, so the pieces line up.
   constexpr int kTag = 7001;
-  std::vector<MPI_Request> requests;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     for_each_chunk(recv_counts[peer], max_count_, [&](int64_t offset, int64_t length) {
@@ -313,10 +308,8 @@ void MpiComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
   }
   std::memcpy(element_at(recv, recv_displs[rank_]), element_at(send, send_displs[rank_]),
               size_t(send_counts[rank_]) * dtype_size(send.dtype));
-  check_mpi(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall",
-            name_);
+  request.wait();
 
-  stats_.all_to_all_seconds += seconds_since(start);
   for (int r = 0; r < size_; ++r)
     if (r != rank_) stats_.all_to_all_bytes += send_counts[r] * int64_t(dtype_size(send.dtype));
   stats_.calls += 1;
@@ -324,61 +317,48 @@ void MpiComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
 
 // ---- reductions ----------------------------------------------------------------------------
 
-void MpiComm::issue_all_reduce(const Tensor& data, ReduceOp op, Request* request) {
+void MpiComm::issue_all_reduce(const Tensor& data, ReduceOp op, Request& request) {
   MPI_Datatype type = mpi_type(data.dtype);
   for_each_chunk(data.numel(), max_count_, [&](int64_t offset, int64_t length) {
-    void* piece = element_at(data, offset);
-    if (request)
-      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op, data.dtype),
-                               native_->comm, &request->requests.emplace_back()),
-                "MPI_Iallreduce", name_);
-    else
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, piece, int(length), type, mpi_op(op, data.dtype),
-                              native_->comm),
-                "MPI_Allreduce", name_);
+    check_mpi(
+        MPI_Iallreduce(MPI_IN_PLACE, element_at(data, offset), int(length), type,
+                       mpi_op(op, data.dtype), native_->comm, &request.requests.emplace_back()),
+        "MPI_Iallreduce", name_);
   });
 }
 
 void MpiComm::all_reduce(const Tensor& data, ReduceOp op) {
-  auto start = Clock::now();
-  issue_all_reduce(data, op, nullptr);
-  stats_.reduce_seconds += seconds_since(start);
-  stats_.reduce_bytes += int64_t(data.bytes());
-  stats_.calls += 1;
+  all_reduce_async(data, op)->wait();
 }
 
 CommHandle MpiComm::all_reduce_async(const Tensor& data, ReduceOp op) {
-  auto request = std::make_unique<Request>(name_, &stats_.reduce_seconds);
-  issue_all_reduce(data, op, request.get());
+  auto request = std::make_unique<Request>(*this, "all-reduce", &stats_.reduce_seconds);
+  issue_all_reduce(data, op, *request);
   stats_.reduce_bytes += int64_t(data.bytes());
   stats_.calls += 1;
   return request;
 }
 
 void MpiComm::all_reduce_host(double* values, int count, ReduceOp op) {
-  auto start = Clock::now();
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mpi_op(op), native_->comm),
-            "MPI_Allreduce", name_);
-  stats_.reduce_seconds += seconds_since(start);
+  Request request(*this, "all-reduce", &stats_.reduce_seconds);
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mpi_op(op), native_->comm,
+                           &request.requests.emplace_back()),
+            "MPI_Iallreduce", name_);
+  request.wait();
   stats_.reduce_bytes += int64_t(count) * int64_t(sizeof(double));
   stats_.calls += 1;
 }
 
 void MpiComm::issue_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op,
-                                   Request* request) {
+                                   Request& request) {
   MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
   int64_t block = recv.numel();
   if (block <= max_count_) {
-    if (request)
-      check_mpi(
-          MPI_Ireduce_scatter_block(send.data, recv.data, int(block), type, mpi_op(op, send.dtype),
-                                    comm, &request->requests.emplace_back()),
-          "MPI_Ireduce_scatter_block", name_);
-    else
-      check_mpi(MPI_Reduce_scatter_block(send.data, recv.data, int(block), type,
-                                         mpi_op(op, send.dtype), comm),
-                "MPI_Reduce_scatter_block", name_);
+    check_mpi(
+        MPI_Ireduce_scatter_block(send.data, recv.data, int(block), type, mpi_op(op, send.dtype),
+                                  comm, &request.requests.emplace_back()),
+        "MPI_Ireduce_scatter_block", name_);
     return;
   }
   // Blocks too big for an int: reduce every rank's block onto that rank, piece by piece.
@@ -386,30 +366,21 @@ void MpiComm::issue_reduce_scatter(const Tensor& send, const Tensor& recv, Reduc
     for_each_chunk(block, max_count_, [&](int64_t offset, int64_t length) {
       void* source = element_at(send, root * block + offset);
       void* target = element_at(recv, offset);  // used on the root only
-      if (request)
-        check_mpi(MPI_Ireduce(source, target, int(length), type, mpi_op(op, send.dtype), root, comm,
-                              &request->requests.emplace_back()),
-                  "MPI_Ireduce", name_);
-      else
-        check_mpi(MPI_Reduce(source, target, int(length), type, mpi_op(op, send.dtype), root, comm),
-                  "MPI_Reduce", name_);
+      check_mpi(MPI_Ireduce(source, target, int(length), type, mpi_op(op, send.dtype), root, comm,
+                            &request.requests.emplace_back()),
+                "MPI_Ireduce", name_);
     });
   }
 }
 
 void MpiComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  check_reduce_scatter_args(*this, send, recv);
-  auto start = Clock::now();
-  issue_reduce_scatter(send, recv, op, nullptr);
-  stats_.reduce_seconds += seconds_since(start);
-  stats_.reduce_bytes += int64_t(send.bytes());
-  stats_.calls += 1;
+  reduce_scatter_async(send, recv, op)->wait();
 }
 
 CommHandle MpiComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
   check_reduce_scatter_args(*this, send, recv);
-  auto request = std::make_unique<Request>(name_, &stats_.reduce_seconds);
-  issue_reduce_scatter(send, recv, op, request.get());
+  auto request = std::make_unique<Request>(*this, "reduce-scatter", &stats_.reduce_seconds);
+  issue_reduce_scatter(send, recv, op, *request);
   stats_.reduce_bytes += int64_t(send.bytes());
   stats_.calls += 1;
   return request;
@@ -417,51 +388,34 @@ CommHandle MpiComm::reduce_scatter_async(const Tensor& send, const Tensor& recv,
 
 // ---- gathers -------------------------------------------------------------------------------
 
-void MpiComm::issue_all_gather(const Tensor& send, const Tensor& recv, Request* request) {
+void MpiComm::issue_all_gather(const Tensor& send, const Tensor& recv, Request& request) {
   MPI_Datatype type = mpi_type(send.dtype);
   MPI_Comm comm = native_->comm;
   int64_t block = send.numel();
   if (block <= max_count_) {
     int count = int(block);
-    if (request)
-      check_mpi(MPI_Iallgather(send.data, count, type, recv.data, count, type, comm,
-                               &request->requests.emplace_back()),
-                "MPI_Iallgather", name_);
-    else
-      check_mpi(MPI_Allgather(send.data, count, type, recv.data, count, type, comm),
-                "MPI_Allgather", name_);
+    check_mpi(MPI_Iallgather(send.data, count, type, recv.data, count, type, comm,
+                             &request.requests.emplace_back()),
+              "MPI_Iallgather", name_);
     return;
   }
   for_each_chunk(block, max_count_, [&](int64_t offset, int64_t length) {
     MPI_Datatype piece = strided_block_type(type, length, block, dtype_size(send.dtype), name_);
-    if (request) {
-      request->types.push_back(piece);
-      check_mpi(
-          MPI_Iallgather(element_at(send, offset), int(length), type, element_at(recv, offset), 1,
-                         piece, comm, &request->requests.emplace_back()),
-          "MPI_Iallgather", name_);
-    } else {
-      int code = MPI_Allgather(element_at(send, offset), int(length), type,
-                               element_at(recv, offset), 1, piece, comm);
-      MPI_Type_free(&piece);
-      check_mpi(code, "MPI_Allgather", name_);
-    }
+    request.types.push_back(piece);
+    check_mpi(MPI_Iallgather(element_at(send, offset), int(length), type, element_at(recv, offset),
+                             1, piece, comm, &request.requests.emplace_back()),
+              "MPI_Iallgather", name_);
   });
 }
 
 void MpiComm::all_gather(const Tensor& send, const Tensor& recv) {
-  check_all_gather_args(*this, send, recv);
-  auto start = Clock::now();
-  issue_all_gather(send, recv, nullptr);
-  stats_.gather_seconds += seconds_since(start);
-  stats_.gather_bytes += int64_t(send.bytes());
-  stats_.calls += 1;
+  all_gather_async(send, recv)->wait();
 }
 
 CommHandle MpiComm::all_gather_async(const Tensor& send, const Tensor& recv) {
   check_all_gather_args(*this, send, recv);
-  auto request = std::make_unique<Request>(name_, &stats_.gather_seconds);
-  issue_all_gather(send, recv, request.get());
+  auto request = std::make_unique<Request>(*this, "all-gather", &stats_.gather_seconds);
+  issue_all_gather(send, recv, *request);
   stats_.gather_bytes += int64_t(send.bytes());
   stats_.calls += 1;
   return request;
@@ -469,32 +423,30 @@ CommHandle MpiComm::all_gather_async(const Tensor& send, const Tensor& recv) {
 
 void MpiComm::broadcast(const Tensor& data, int root) {
   check_root(*this, root, "broadcast");
-  MPI_Datatype type = mpi_type(data.dtype);
-  auto start = Clock::now();
-  for_each_chunk(data.numel(), max_count_, [&](int64_t offset, int64_t length) {
-    check_mpi(MPI_Bcast(element_at(data, offset), int(length), type, root, native_->comm),
-              "MPI_Bcast", name_);
-  });
-  stats_.gather_seconds += seconds_since(start);
-  stats_.gather_bytes += int64_t(data.bytes());
-  stats_.calls += 1;
+  broadcast_bytes(data.data, int64_t(data.bytes()), root);
 }
 
 void MpiComm::broadcast_host(void* data, int64_t bytes, int root) {
   check_root(*this, root, "broadcast_host");
-  auto start = Clock::now();
+  broadcast_bytes(data, bytes, root);
+}
+
+void MpiComm::broadcast_bytes(void* data, int64_t bytes, int root) {
+  Request request(*this, "broadcast", &stats_.gather_seconds);
   for_each_chunk(bytes, max_count_, [&](int64_t offset, int64_t length) {
-    check_mpi(
-        MPI_Bcast(static_cast<char*>(data) + offset, int(length), MPI_BYTE, root, native_->comm),
-        "MPI_Bcast", name_);
+    check_mpi(MPI_Ibcast(static_cast<char*>(data) + offset, int(length), MPI_BYTE, root,
+                         native_->comm, &request.requests.emplace_back()),
+              "MPI_Ibcast", name_);
   });
-  stats_.gather_seconds += seconds_since(start);
+  request.wait();
   stats_.gather_bytes += bytes;
   stats_.calls += 1;
 }
 
 void MpiComm::barrier() {
-  check_mpi(MPI_Barrier(native_->comm), "MPI_Barrier", name_);
+  Request request(*this, "barrier", nullptr);
+  check_mpi(MPI_Ibarrier(native_->comm, &request.requests.emplace_back()), "MPI_Ibarrier", name_);
+  request.wait();
   stats_.calls += 1;
 }
 
@@ -509,6 +461,7 @@ std::unique_ptr<Comm> MpiComm::split(int color, int key, const std::string& name
   native_with_errors_returned(native->comm, name);
   auto comm = std::make_unique<MpiComm>(std::move(native), name);
   comm->set_max_count_per_call(max_count_);
+  comm->set_watchdog(watchdog_);
   return comm;
 }
 

@@ -30,7 +30,8 @@ class MpiSession {
 // MPI counts are int: transfers with more elements than max_count_per_call() per block are
 // split into several calls, so element counts above INT_MAX work.
 // Non-blocking handles must be waited on (or destroyed, which waits) before the buffers
-// they use and this communicator go away.
+// they use and this communicator go away. Every operation is issued non-blocking and its
+// wait polls under the watchdog (parallel/watchdog.h), blocking calls included.
 class MpiComm final : public Comm {
  public:
   struct Native;  // holds the MPI_Comm; defined where <mpi.h> is included
@@ -71,14 +72,14 @@ class MpiComm final : public Comm {
   int64_t max_count_per_call() const { return max_count_; }
 
  private:
-  class Request;  // the MPI_Requests of one non-blocking operation
+  class Request;  // the MPI_Requests of one operation
 
-  // Issues the collective: blocking with request == nullptr, else non-blocking with its
-  // requests appended to request.
-  void issue_all_to_all(const Tensor& send, const Tensor& recv, Request* request);
-  void issue_all_reduce(const Tensor& data, ReduceOp op, Request* request);
-  void issue_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op, Request* request);
-  void issue_all_gather(const Tensor& send, const Tensor& recv, Request* request);
+  // Issue the collective non-blocking, appending its MPI requests to request.
+  void issue_all_to_all(const Tensor& send, const Tensor& recv, Request& request);
+  void issue_all_reduce(const Tensor& data, ReduceOp op, Request& request);
+  void issue_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op, Request& request);
+  void issue_all_gather(const Tensor& send, const Tensor& recv, Request& request);
+  void broadcast_bytes(void* data, int64_t bytes, int root);
 
   std::unique_ptr<Native> native_;
   std::string name_;

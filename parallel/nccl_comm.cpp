@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "parallel/comm_checks.h"
+#include "parallel/watchdog.h"
 
 namespace ulysses {
 
@@ -82,8 +83,12 @@ void add_difference(CommStats& stats, const CommStats& before, const CommStats& 
 // Completion of the NCCL calls of one operation: an event on the communicator's stream.
 class NcclComm::Request final : public CommRequest {
  public:
-  Request(const Native& native, const std::string& comm_name, double* seconds)
-      : native_(native), comm_name_(comm_name), seconds_(seconds), start_(Clock::now()) {
+  Request(NcclComm& comm, const std::string& comm_name, double* seconds)
+      : comm_(comm),
+        native_(*comm.native_),
+        comm_name_(comm_name),
+        seconds_(seconds),
+        start_(Clock::now()) {
     check_cuda(cudaEventCreateWithFlags(&done_event_, cudaEventDisableTiming), "cudaEventCreate",
                comm_name_);
   }
@@ -110,7 +115,21 @@ class NcclComm::Request final : public CommRequest {
     waited_ = true;
     check_cuda(cudaStreamWaitEvent(native_.compute, done_event_, 0), "cudaStreamWaitEvent",
                comm_name_);
-    check_cuda(cudaEventSynchronize(done_event_), "cudaEventSynchronize", comm_name_);
+    // Polled rather than synchronized, so that the watchdog can end a job whose peer is gone
+    // (NCCL itself would wait forever).
+    cudaError_t status = cudaSuccess;
+    wait_with_watchdog(
+        comm_.watchdog().get(),
+        [&] {
+          status = cudaEventQuery(done_event_);
+          return status != cudaErrorNotReady;
+        },
+        "NCCL operation", comm_name_,
+        [&] {
+          ncclCommAbort(native_.comm);
+          comm_.host_->abort(kWatchdogExitCode);
+        });
+    check_cuda(status, "cudaEventQuery", comm_name_);
     *seconds_ += seconds_since(start_);
     ncclResult_t async_error = ncclSuccess;
     check_nccl(ncclCommGetAsyncError(native_.comm, &async_error), "ncclCommGetAsyncError",
@@ -119,6 +138,7 @@ class NcclComm::Request final : public CommRequest {
   }
 
  private:
+  NcclComm& comm_;
   const Native& native_;
   std::string comm_name_;
   double* seconds_;
@@ -129,6 +149,7 @@ class NcclComm::Request final : public CommRequest {
 
 NcclComm::NcclComm(std::unique_ptr<Comm> host_comm, Backend& backend)
     : host_(std::move(host_comm)), native_(std::make_unique<Native>()) {
+  set_watchdog(host_->watchdog());
   native_->compute = static_cast<cudaStream_t>(cuda_backend_stream(backend));
   native_->device = cuda_backend_device(backend);
   check_cuda(cudaSetDevice(native_->device), "cudaSetDevice", name());
@@ -142,7 +163,9 @@ NcclComm::NcclComm(std::unique_ptr<Comm> host_comm, Backend& backend)
 }
 
 NcclComm::NcclComm(std::unique_ptr<Comm> host_comm, std::unique_ptr<Native> native)
-    : host_(std::move(host_comm)), native_(std::move(native)) {}
+    : host_(std::move(host_comm)), native_(std::move(native)) {
+  set_watchdog(host_->watchdog());
+}
 
 NcclComm::~NcclComm() {
   // Destructors cannot throw: statuses are ignored on the way out.
@@ -162,7 +185,7 @@ std::unique_ptr<NcclComm::Request> NcclComm::issue(const char* operation, double
   if (status == cudaSuccess) status = cudaStreamWaitEvent(native_->stream, ready, 0);
   cudaEventDestroy(ready);  // released once the wait is satisfied
   check_cuda(status, "ordering after the compute stream", name());
-  auto request = std::make_unique<Request>(*native_, name(), seconds);
+  auto request = std::make_unique<Request>(*this, name(), seconds);
   check_nccl(ncclGroupStart(), "ncclGroupStart", name());
   try {
     enqueue();

@@ -115,7 +115,9 @@ class StagedComm::Request final : public CommRequest {
 // ---- StagedComm ----------------------------------------------------------------------------
 
 StagedComm::StagedComm(std::unique_ptr<Comm> host_comm, Backend& backend)
-    : host_(std::move(host_comm)), backend_(backend), pool_(backend) {}
+    : host_(std::move(host_comm)), backend_(backend), pool_(backend) {
+  set_watchdog(host_->watchdog());  // its waits are the host communicator's
+}
 
 StagedComm::~StagedComm() = default;
 

@@ -289,7 +289,6 @@ memory:
 log:
   every: 5
   metrics_file: metrics.jsonl
-  trace_file: trace.json
 )";
   Config c = parse_config(yaml, {}, "round.yaml");
   std::string resolved = config_to_yaml(c);
@@ -341,7 +340,6 @@ log:
   EXPECT_EQ(back.kernels.attention, "native");
   EXPECT_EQ(back.log.every, 5);
   EXPECT_EQ(back.log.metrics_file, "metrics.jsonl");
-  EXPECT_EQ(back.log.trace_file, "trace.json");
 }
 
 TEST(Config, ResolvedYamlListsEveryKey) {

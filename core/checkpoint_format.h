@@ -1,0 +1,90 @@
+// The checkpoint folder format (docs/checkpoints.md): the names of the files in a step
+// folder, the manifest and trainer_state schemas, verification, and "folder → newest
+// intact checkpoint". Every reader of checkpoints (resume, model.init_from, export) and the
+// writer go through here, so the format lives in one place.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.h"
+
+namespace ulysses {
+
+// A checkpoint that cannot be used: names the file and the problem.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr int kCheckpointFormatVersion = 1;
+inline constexpr const char* kCheckpointModelFile = "model.safetensors";
+inline constexpr const char* kCheckpointStateFile = "trainer_state.json";
+inline constexpr const char* kCheckpointManifestFile = "manifest.json";
+inline constexpr const char* kCheckpointLatestFile = "latest";
+
+// "step_00001000"
+std::string checkpoint_folder_name(int64_t step);
+// "optimizer-00003-of-00004.safetensors"
+std::string optimizer_file_name(int shard, int shards);
+// Step folders (step_<digits>) under dir, newest first; empty when dir does not exist.
+std::vector<std::pair<int64_t, std::string>> checkpoint_step_folders(const std::string& dir);
+
+struct ManifestEntry {
+  std::string name;  // a file of the step folder (a plain name, no '/')
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+struct CheckpointManifest {
+  int64_t step = 0;
+  std::vector<ManifestEntry> files;
+};
+
+// The model a checkpoint was written for (trainer_state.json "model"). rope_theta and
+// norm_eps are set only where the checkpoint records them.
+struct CheckpointModel {
+  ModelConfig model;  // sizes recorded; rope_theta/norm_eps are the defaults
+  std::optional<double> rope_theta;
+  std::optional<double> norm_eps;
+};
+
+struct TrainerState {
+  int64_t step = 0;                // optimizer steps taken
+  int64_t sequences_per_step = 0;  // global batch in sequences; 0 when not recorded
+  std::optional<double> loss;      // the last step's loss; absent when it was not finite
+  int world_size = 0;              // the run that wrote it, for the resume log
+  int sp = 0;
+  int zero_stage = 0;
+  CheckpointModel model;
+  std::vector<std::string> optimizer_shards;  // file names in the step folder
+};
+
+// Parse and check every field; throw CheckpointError naming path and the field.
+CheckpointManifest parse_manifest(const std::string& text, const std::string& path);
+TrainerState parse_trainer_state(const std::string& text, const std::string& path);
+std::string manifest_json(const CheckpointManifest& manifest);
+std::string trainer_state_json(const TrainerState& state);
+
+// Reads folder/trainer_state.json: all of it, or only the model it records (what
+// model.init_from and export need).
+TrainerState read_trainer_state(const std::string& folder);
+CheckpointModel read_recorded_model(const std::string& folder);
+
+// Checks the manifest and the presence, size and CRC-32 of every file it lists; throws
+// CheckpointError.
+void verify_checkpoint(const std::string& folder);
+
+// The newest intact checkpoint under dir: the one `latest` names if it verifies, else the
+// newest step folder that does. Empty when there is none.
+std::string find_latest_checkpoint(const std::string& dir);
+
+// A step folder itself (it has a manifest), or the newest intact checkpoint of a checkpoint
+// dir; empty when path is neither.
+std::string checkpoint_in(const std::string& path);
+
+}  // namespace ulysses

@@ -1,0 +1,163 @@
+#include "core/run_job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "core/checkpoint.h"
+#include "core/config.h"
+#include "core/job_agreement.h"
+#include "core/metrics.h"
+#include "core/params.h"
+#include "core/trainer.h"
+#include "kernels/backend.h"
+#include "parallel/device_comm.h"
+#include "parallel/mesh.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/watchdog.h"
+
+namespace ulysses {
+namespace {
+
+int64_t memory_limit_bytes(const Config& config) {
+  return int64_t(config.memory.limit_gib * 1024.0 * 1024.0 * 1024.0);
+}
+
+// Each rank takes its share of the node's cores unless the user set thread counts.
+void set_threads(Backend& backend, Comm& world) {
+  int ranks_here = ranks_on_this_node(world);
+  if (std::getenv("OMP_NUM_THREADS")) return;
+  int cores = int(std::thread::hardware_concurrency());
+  backend.set_num_threads(std::max(1, cores / std::max(1, ranks_here)));
+}
+
+// Prints the resolved config, the parameter count and the tracked bytes per category of
+// every persistent buffer, charged by a trainer built in planning mode (nothing allocated).
+void print_plan(const Config& config, Backend& backend, Mesh& mesh) {
+  backend.memory().set_limit(0);
+  backend.memory().set_planning(true);
+  Trainer planned(config, backend, mesh);
+  ParamTable table(config.model);
+  if (mesh.world->rank() != 0) return;
+  std::cout << "# resolved config\n" << config_to_yaml(config) << "\n";
+  std::cout << "# model: " << config.model.family << ", " << table.total_numel() << " parameters ("
+            << format_bytes(table.total_numel() * 4) << " in fp32)\n";
+  std::cout << "# world " << mesh.world->size() << " = dp " << mesh.dp_size << " x sp "
+            << mesh.sp_size << "; each rank holds " << config.train.batch_size << " x "
+            << config.train.seq_len / mesh.sp_size << " tokens per micro-step\n";
+  const ZeroState& state = planned.model().state();
+  const ShardLayout& layout = state.layout();
+  int64_t largest_unit = 0;
+  for (const ShardUnit& unit : layout.units()) largest_unit = std::max(largest_unit, unit.numel());
+  std::cout << "# ZeRO stage " << state.stage() << ": " << layout.units().size()
+            << " units (largest " << largest_unit << " parameters, bucket_mb "
+            << config.parallel.bucket_mb << "); each rank owns " << layout.shard_numel()
+            << " parameters of state\n";
+  std::cout << "# planned tracked memory per rank (persistent buffers; kernels add scratch):\n";
+  const MemoryStats& stats = backend.memory().stats();
+  for (int i = 0; i < kNumMemCategories; ++i)
+    std::cout << "#   " << mem_category_name(MemCategory(i)) << ": "
+              << format_bytes(stats.current[i]) << "\n";
+  std::cout << "#   total: " << format_bytes(stats.total_current) << "\n";
+}
+
+// NCCL or staging is decided from every node's view: ranks that share a GPU anywhere make
+// every rank stage, since all ranks must build the same kind of communicator.
+DeviceCommChoice agree_device_comm(Comm& world, const std::string& setting) {
+  const int ranks_here = ranks_on_this_node(world);
+  const int gpus_here = cuda_devices_visible();
+  double worst_excess = double(ranks_here - gpus_here);
+  world.all_reduce_host(&worst_excess, 1, ReduceOp::max);
+  // The counts of a node with that excess, for the message.
+  double counts[2] = {0.0, 0.0};
+  if (double(ranks_here - gpus_here) == worst_excess) counts[0] = ranks_here, counts[1] = gpus_here;
+  world.all_reduce_host(counts, 2, ReduceOp::max);
+  DeviceCommChoice choice;
+  std::string error;
+  try {
+    choice =
+        choose_device_comm(setting, nccl_compiled(), world.size(), int(counts[0]), int(counts[1]));
+  } catch (const std::invalid_argument& problem) {
+    error = problem.what();
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
+  return choice;
+}
+
+}  // namespace
+
+void run_job(const JobOptions& options, Comm& world) {
+  auto watchdog = std::make_shared<Watchdog>(ParallelConfig().timeout_s, world.rank());
+  watchdog->set_reporter([](const std::string& message) {
+    spdlog::error("{}", message);
+    spdlog::default_logger()->flush();
+  });
+  world.set_watchdog(watchdog);
+
+  Config config;
+  std::string config_error;
+  try {
+    config = load_config(options.config_path, options.overrides);
+    validate_for_world(config, world.size());
+  } catch (const ConfigError& error) {
+    config_error = error.what();
+  }
+  agree_on_failure(world, config_error, ExitCode::bad_input);
+  check_same_job(world, job_identity(config, options.resume.value_or("")));
+  watchdog->set_timeout(config.parallel.timeout_s);
+
+  std::unique_ptr<Backend> backend;
+  std::string device_error;
+  try {
+    backend = make_backend(config.device, memory_limit_bytes(config), config.kernels.attention);
+  } catch (const DeviceUnavailableError& error) {
+    device_error = error.what();
+  }
+  agree_on_failure(world, device_error, ExitCode::bad_input);
+  if (options.dry_run) {
+    Mesh mesh = make_mesh(world, config.parallel.sp);
+    print_plan(config, *backend, mesh);
+    return;
+  }
+
+  // MPI carries host buffers; device buffers travel over NCCL or are staged through the host.
+  Comm* compute_world = &world;
+  std::unique_ptr<Comm> device_world;
+  if (config.device == "cuda") {
+    const DeviceCommChoice choice = agree_device_comm(world, config.parallel.device_comm);
+    device_world = make_device_world(world, *backend, choice);
+    compute_world = device_world.get();
+    if (world.rank() == 0)
+      spdlog::info("device buffers between ranks: {} ({})", choice.nccl ? "NCCL" : "MPI staged",
+                   choice.reason);
+  }
+  Mesh mesh = make_mesh(*compute_world, config.parallel.sp);
+  set_threads(*backend, world);
+  if (world.rank() == 0)
+    spdlog::info("ulysses-train {}: {} model, world {} = dp {} x sp {}, ZeRO stage {}, device {}",
+                 ulysses_version(), config.model.family, world.size(), mesh.dp_size, mesh.sp_size,
+                 world.size() > 1 ? config.parallel.zero_stage : 0, backend->name());
+  const std::string resume_folder =
+      options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
+                     : "";
+  prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
+  Trainer trainer(config, *backend, mesh);
+  if (resume_folder.empty()) {
+    Watchdog::SlowWork slow(watchdog.get(), "loading model.init_from");
+    trainer.load_initial_weights();
+  } else {
+    trainer.resume(resume_folder);
+  }
+  if (world.rank() == 0)
+    spdlog::info("{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}",
+                 trainer.model().num_params(), config.train.seq_len,
+                 config.train.seq_len / mesh.sp_size, config.train.batch_size,
+                 config.train.grad_accum);
+  trainer.run();
+}
+
+}  // namespace ulysses
