@@ -126,7 +126,7 @@ void check_same_job(Comm& world, const std::vector<std::string>& identity) {
     message += "\n  " + key + ": rank 0 has " +
                (rank0 == rank0_values.end() ? std::string(kAbsent) : "'" + rank0->second + "'");
     for (const auto& [value, ranks] : values[key])
-      message += ", " + rank_list(ranks) + " '" + value + "'";
+      message += ", " + rank_list(ranks) + (ranks.size() == 1 ? " has '" : " have '") + value + "'";
   }
   throw JobError(ExitCode::bad_input, message, world.rank() == 0);
 }

@@ -218,9 +218,12 @@ StepResult Trainer::train_step() {
 void Trainer::handle_nonfinite(const StepResult& result) {
   const std::string tensor = first_nonfinite_gradient(model_->state(), optimizer_->segments(),
                                                       model_->table(), backend_, *mesh_.world);
+  auto show = [](double value) {
+    return std::isnan(value) ? std::string("NaN") : fmt::format("{:.6g}", value);
+  };
   const std::string what =
       fmt::format("step {}: the loss is {} and the gradient norm is {}; {}", result.step,
-                  result.loss, result.grad_norm,
+                  show(result.loss), show(result.grad_norm),
                   tensor.empty() ? "every gradient element is finite"
                                  : "the first tensor with a non-finite gradient is " + tensor);
   const bool rank0 = mesh_.world->rank() == 0;

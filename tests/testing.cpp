@@ -67,4 +67,10 @@ CommandResult run_command(const std::string& command_line) {
   return result;
 }
 
+std::string mpirun(int ranks) {
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 mpirun --bind-to none -np " +
+         std::to_string(ranks) + " ";
+}
+
 }  // namespace ulysses::testing

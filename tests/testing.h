@@ -37,4 +37,8 @@ std::vector<double> read_step_losses(const std::string& path);
 // Runs a shell command line and captures its output and exit status.
 CommandResult run_command(const std::string& command_line);
 
+// "mpirun -np RANKS" with what Open MPI needs here (root, more ranks than cores, one thread
+// per rank), for command lines (it starts with `env`, so it may follow `timeout`).
+std::string mpirun(int ranks);
+
 }  // namespace ulysses::testing
