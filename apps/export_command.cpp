@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint.h"
+#include "core/checkpoint_format.h"
+#include "core/job_errors.h"
 #include "core/params.h"
 #include "core/weights_io_formats.h"
 
@@ -26,9 +27,7 @@ void export_checkpoint(const ExportOptions& options) {
   if (!std::filesystem::exists(folder + "/manifest.json")) {
     folder = find_latest_checkpoint(options.checkpoint);
     if (folder.empty())
-      throw std::runtime_error("'" + options.checkpoint +
-                               "' is neither a checkpoint step folder (it has no manifest.json) "
-                               "nor a checkpoint dir holding an intact one");
+      throw CheckpointError("--checkpoint: " + why_no_checkpoint_in(options.checkpoint));
   }
   verify_checkpoint(folder);
   const CheckpointModel recorded = read_checkpoint_model(folder);
@@ -60,8 +59,9 @@ int run_export_command(int argc, char** argv) {
       "model.safetensors in F32)\n"
       "  llmc      gpt2 checkpoints: an llm.c GPT-2 checkpoint file (version 3, fp32, vocabulary "
       "padded to a multiple of 128)\n"
-      "Only the weights are exported, not the optimizer state. Exit status: 0 exported, 1 error, "
-      "2 bad arguments.",
+      "Only the weights are exported, not the optimizer state. Exit status: 0 exported, 1 a "
+      "runtime failure, 2 bad arguments or a checkpoint that cannot be read or does not fit the "
+      "format.",
       "ulysses-train export"};
   app.add_option(
          "--checkpoint", options.checkpoint,
@@ -88,7 +88,7 @@ int run_export_command(int argc, char** argv) {
     export_checkpoint(options);
   } catch (const std::exception& error) {
     spdlog::error("export: {}", error.what());
-    return 1;
+    return int(exit_code_for(error));
   }
   return 0;
 }

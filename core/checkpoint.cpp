@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -39,8 +41,21 @@ std::vector<std::pair<int64_t, int64_t>> optimizer_file_ranges(const Safetensors
                               "': a range is not [begin, end]: " + range.dump());
       ranges.emplace_back(range[0].get<int64_t>(), range[1].get<int64_t>());
     }
+  } else if (metadata.count("begin") && metadata.count("end")) {
+    auto integer = [&](const char* key) {
+      const std::string& text = metadata.at(key);
+      char* end = nullptr;
+      errno = 0;
+      const long long value = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE)
+        throw CheckpointError("'" + file.path() + "': metadata " + key + " '" + text +
+                              "' is not an integer");
+      return int64_t(value);
+    };
+    ranges.emplace_back(integer("begin"), integer("end"));
   } else {
-    ranges.emplace_back(std::stoll(metadata.at("begin")), std::stoll(metadata.at("end")));
+    throw CheckpointError("'" + file.path() +
+                          "' has no \"ranges\" metadata: it is not an optimizer state file");
   }
   int64_t previous_end = 0;
   for (const auto& [begin, end] : ranges) {
@@ -60,11 +75,17 @@ std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
   const std::string& dir = checkpoint.dir;
   const auto folders = checkpoint_step_folders(dir);
   if (resume_folder.empty() && !folders.empty()) {
+    const std::string newest = fs::path(folders.front().second).filename().string();
+    if (!checkpoint.overwrite && find_latest_checkpoint(dir).empty())
+      return "train.checkpoint.dir '" + dir +
+             "' holds step folders of an earlier run (newest: " + newest +
+             ") but none is intact, so there is nothing to resume and this run would " +
+             "overwrite them; to start over and delete them set train.checkpoint.overwrite: " +
+             "true, or choose another train.checkpoint.dir";
     if (!checkpoint.overwrite)
       return "train.checkpoint.dir '" + dir + "' already holds checkpoints of an earlier run " +
-             "(newest: " + fs::path(folders.front().second).filename().string() +
-             ") and this run starts fresh, so it would overwrite them. To continue that run " +
-             "use --resume auto; to start over and delete them set " +
+             "(newest: " + newest + ") and this run starts fresh, so it would overwrite them. " +
+             "To continue that run use --resume auto; to start over and delete them set " +
              "train.checkpoint.overwrite: true; or choose another train.checkpoint.dir";
     spdlog::warn(
         "train.checkpoint.overwrite: deleting the {} checkpoint(s) of an earlier run in {} "
@@ -111,7 +132,7 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
                        checkpoint_dir);
       } else {
         folder = checkpoint_in(resume);
-        if (folder.empty()) error = "--resume " + resume + ": no intact checkpoint there";
+        if (folder.empty()) error = "--resume: " + why_no_checkpoint_in(resume);
       }
     } catch (const std::exception& problem) {
       error = "--resume " + resume + ": " + problem.what();
@@ -260,25 +281,35 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
   return final_path;
 }
 
-// Keeps the keep_last newest step folders, the one just written, and the newest whose loss
-// was finite (so a run that diverged can always go back to a good state).
+std::vector<std::string> folders_to_prune(const std::vector<PruneCandidate>& newest_first,
+                                          int keep_last, const std::string& just_written) {
+  std::vector<std::string> removed;
+  if (keep_last <= 0) return removed;
+  bool kept_finite = false;
+  for (size_t i = 0; i < newest_first.size(); ++i) {
+    const PruneCandidate& candidate = newest_first[i];
+    const bool newest_finite = candidate.finite_loss && !kept_finite;
+    kept_finite = kept_finite || candidate.finite_loss;
+    if (i < size_t(keep_last) || candidate.path == just_written || newest_finite) continue;
+    removed.push_back(candidate.path);
+  }
+  return removed;
+}
+
 void Checkpointer::prune(const std::string& keep_folder) {
   const int keep = config_.train.checkpoint.keep_last;
   if (keep <= 0) return;
-  const auto folders = checkpoint_step_folders(config_.train.checkpoint.dir);
-  bool kept_finite = false;
-  for (size_t i = 0; i < folders.size(); ++i) {
-    const std::string& folder = folders[i].second;
-    bool finite = false;
+  std::vector<PruneCandidate> candidates;
+  for (const auto& [step, folder] : checkpoint_step_folders(config_.train.checkpoint.dir)) {
+    PruneCandidate candidate{folder, false};
     try {
-      finite = read_trainer_state(folder).loss.has_value();
+      candidate.finite_loss = read_trainer_state(folder).loss.has_value();
     } catch (const CheckpointError&) {
     }
-    const bool keep_for_finite = finite && !kept_finite;
-    kept_finite = kept_finite || finite;
-    if (i < size_t(keep) || folder == keep_folder || keep_for_finite) continue;
-    fs::remove_all(folder);
+    candidates.push_back(candidate);
   }
+  for (const std::string& folder : folders_to_prune(candidates, keep, keep_folder))
+    fs::remove_all(folder);
 }
 
 TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& optimizer) {

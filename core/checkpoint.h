@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/checkpoint_format.h"
 #include "core/config.h"
@@ -32,6 +33,17 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
 // instead. Then creates the folder and test-writes it from every rank.
 void prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
                             const std::string& resume_folder);
+
+// A step folder as keep_last pruning sees it.
+struct PruneCandidate {
+  std::string path;
+  bool finite_loss = false;  // its trainer state records a finite loss
+};
+// The folders keep_last pruning removes, of candidates given newest first: all but the
+// keep_last newest, the one just written, and the newest whose loss was finite (so a run that
+// diverged can always go back to a good state). keep_last 0 keeps everything.
+std::vector<std::string> folders_to_prune(const std::vector<PruneCandidate>& newest_first,
+                                          int keep_last, const std::string& just_written);
 
 class Checkpointer {
  public:

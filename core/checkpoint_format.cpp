@@ -22,8 +22,18 @@ namespace {
   throw CheckpointError("checkpoint file '" + path + "': " + problem);
 }
 
+// Printing or copying a JSON value recurses once per level, so deeper text is refused while
+// it is parsed (which does not recurse); these files nest 3 levels.
+constexpr int kMaxJsonDepth = 64;
+
 json parse_object(const std::string& text, const std::string& path) {
-  json value = json::parse(text, nullptr, false);
+  auto limit_depth = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      fail(path, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return true;
+  };
+  json value = json::parse(text, limit_depth, false);
   if (value.is_discarded()) fail(path, "not valid JSON");
   if (!value.is_object()) fail(path, "not a JSON object");
   return value;
@@ -105,6 +115,17 @@ CheckpointModel parse_model(const json& object, const std::string& path) {
   m.d_ff = size("d_ff");
   m.vocab_size = size("vocab_size");
   m.max_seq_len = size("max_seq_len");
+  // The shape must be one this build could have written: export and init_from build a
+  // parameter table from it.
+  if (m.d_model % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0)
+    fail(path, "model.d_model " + std::to_string(m.d_model) + ", n_heads " +
+                   std::to_string(m.n_heads) + " and n_kv_heads " + std::to_string(m.n_kv_heads) +
+                   " do not divide evenly");
+  if (m.n_layers > kMaxLayers || approximate_parameter_count(m) > kMaxParameters)
+    fail(path, "the model it records (n_layers " + std::to_string(m.n_layers) + ", d_model " +
+                   std::to_string(m.d_model) + ", d_ff " + std::to_string(m.d_ff) +
+                   ", vocab_size " + std::to_string(m.vocab_size) +
+                   ") is larger than ulysses supports (2^40 parameters, 100000 layers)");
   recorded.rope_theta = positive_number(object, "rope_theta", path);
   recorded.norm_eps = positive_number(object, "norm_eps", path);
   if (recorded.rope_theta) m.rope_theta = *recorded.rope_theta;
@@ -307,6 +328,24 @@ std::string checkpoint_in(const std::string& path) {
   std::error_code error;
   if (fs::exists(path + "/" + kCheckpointManifestFile, error)) return path;
   return find_latest_checkpoint(path);
+}
+
+std::string why_no_checkpoint_in(const std::string& path) {
+  std::error_code error;
+  if (!fs::exists(path, error)) return "'" + path + "' does not exist";
+  if (!fs::is_directory(path, error))
+    return "'" + path + "' is a file; give a checkpoint step folder or a checkpoint dir";
+  const auto folders = checkpoint_step_folders(path);
+  if (folders.empty())
+    return "'" + path + "' is not a checkpoint: it has no " + kCheckpointManifestFile +
+           " and no step_* folders";
+  try {
+    verify_checkpoint(folders.front().second);
+  } catch (const CheckpointError& problem) {
+    return "'" + path + "' holds " + std::to_string(folders.size()) +
+           " step folder(s) but none is intact; the newest fails: " + problem.what();
+  }
+  return "'" + path + "' holds no intact checkpoint";
 }
 
 }  // namespace ulysses

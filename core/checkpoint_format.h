@@ -86,5 +86,8 @@ std::string find_latest_checkpoint(const std::string& dir);
 // A step folder itself (it has a manifest), or the newest intact checkpoint of a checkpoint
 // dir; empty when path is neither.
 std::string checkpoint_in(const std::string& path);
+// Why checkpoint_in(path) found nothing, for messages: the path is missing, a file, holds no
+// step folders, or only broken ones (with the newest one's problem).
+std::string why_no_checkpoint_in(const std::string& path);
 
 }  // namespace ulysses

@@ -1,5 +1,7 @@
 #include "core/config.h"
 
+#include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -300,6 +302,34 @@ std::string convert(const YAML::Node& node, std::string& out) {
 
 // ---- reading the tree ------------------------------------------------------------------
 
+// Records where the last YAML document started. yaml-cpp 0.7's LoadAll never returns on
+// some malformed text (a ',' where a document should start): its parser stops advancing and
+// adds empty documents until memory runs out. The same parser run with this handler shows
+// that as two documents starting at the same place.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    stuck = count > 0 && mark.pos == last.pos;
+    last = mark;
+    count++;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  YAML::Mark last;
+  int64_t count = 0;
+  bool stuck = false;
+};
+
 // A key given in the file or an override: its value and where it came from.
 struct GivenValue {
   YAML::Node value;
@@ -313,7 +343,11 @@ class ConfigReader {
   void read_file_tree(const std::string& yaml_text) {
     std::vector<YAML::Node> documents;
     try {
+      check_parser_advances(yaml_text);
       documents = YAML::LoadAll(yaml_text);
+    } catch (const YAML::DeepRecursion& error) {  // yaml-cpp says only "bad file"
+      throw ConfigError(source_ + ":" + std::to_string(error.mark.line + 1) +
+                        ": invalid YAML: nested too deeply (a config nests at most 3 levels)");
     } catch (const YAML::Exception& error) {
       throw ConfigError(source_ + ":" + std::to_string(error.mark.line + 1) +
                         ": invalid YAML: " + error.msg);
@@ -352,6 +386,8 @@ class ConfigReader {
     YAML::Node value;
     try {
       value = YAML::Load(override_text.substr(equals + 1));
+    } catch (const YAML::DeepRecursion&) {
+      throw ConfigError(where + ": invalid YAML value: nested too deeply");
     } catch (const YAML::Exception& error) {
       throw ConfigError(where + ": invalid YAML value: " + error.msg);
     }
@@ -396,6 +432,21 @@ class ConfigReader {
  private:
   std::string line_of(const YAML::Node& node) const {
     return source_ + ":" + std::to_string(node.Mark().line + 1);
+  }
+
+  // Throws ConfigError where YAML::LoadAll would loop forever (DocumentStarts).
+  void check_parser_advances(const std::string& yaml_text) const {
+    std::istringstream stream(yaml_text);
+    YAML::Parser parser(stream);
+    DocumentStarts starts;
+    while (parser.HandleNextDocument(starts)) {
+      if (!starts.stuck) continue;
+      const size_t pos = size_t(std::max(starts.last.pos, 0));
+      const std::string found =
+          pos < yaml_text.size() ? "'" + yaml_text.substr(pos, 1) + "'" : "the end of the text";
+      throw ConfigError(source_ + ":" + std::to_string(starts.last.line + 1) +
+                        ": invalid YAML: unexpected " + found + " where a value should start");
+    }
   }
 
   static std::string first_key_of(const std::string& section) {
@@ -451,11 +502,16 @@ std::string join_choices(const std::vector<std::string>& choices) {
   return text;
 }
 
+// Ascending. Pairs d and n / d up to sqrt(n): n may be as large as the int range (a config
+// is checked before its size is), where counting up to n would take seconds and overflow.
 std::vector<std::string> divisors_of(int n) {
-  std::vector<std::string> divisors;
-  for (int d = 1; d <= n; d++) {
-    if (n % d == 0) divisors.push_back(std::to_string(d));
+  std::vector<std::string> divisors, above_root;
+  for (int d = 1; d <= n / d; d++) {
+    if (n % d != 0) continue;
+    divisors.push_back(std::to_string(d));
+    if (d != n / d) above_root.push_back(std::to_string(n / d));
   }
+  divisors.insert(divisors.end(), above_root.rbegin(), above_root.rend());
   return divisors;
 }
 
@@ -577,12 +633,19 @@ void resolve_defaults(const ConfigReader& reader, Config& c) {
   ModelConfig& m = c.model;
   if (m.n_kv_heads == 0) m.n_kv_heads = m.n_heads;
   if (m.d_ff == 0) {
+    // In 64 bits: d_model is any int here (check_model_size judges the size later).
+    const int64_t d_model = m.d_model;
+    int64_t d_ff = 4 * d_model;
     if (m.family == "llama") {
-      int eight_thirds = (8 * m.d_model + 2) / 3;  // ceil(8·d / 3)
-      m.d_ff = (eight_thirds + 31) / 32 * 32;
-    } else {
-      m.d_ff = 4 * m.d_model;
+      const int64_t eight_thirds = (8 * d_model + 2) / 3;  // ceil(8·d / 3)
+      d_ff = (eight_thirds + 31) / 32 * 32;
     }
+    if (d_ff > std::numeric_limits<int>::max()) {
+      reader.fail("model.d_model", std::to_string(m.d_model) +
+                                       " is too large: the default model.d_ff would be " +
+                                       std::to_string(d_ff) + ", above the largest int");
+    }
+    m.d_ff = int(d_ff);
   }
   if (m.max_seq_len == 0) m.max_seq_len = c.train.seq_len;
   if (m.vocab_size == 0) {
@@ -598,18 +661,15 @@ void resolve_defaults(const ConfigReader& reader, Config& c) {
 // Sizes far beyond any real model would overflow the arithmetic of the parameter table and
 // the buffers long before an allocation could fail cleanly: refused with the numbers.
 void check_model_size(const ConfigReader& reader, const Config& c) {
-  constexpr int kMaxLayers = 100000;
-  constexpr long double kMaxParams = 1099511627776.0L;              // 2^40
   constexpr long double kMaxActivationBytes = 1125899906842624.0L;  // 2^50: 1 PiB per rank
   const ModelConfig& m = c.model;
   if (m.n_layers > kMaxLayers) {
     reader.fail("model.n_layers", std::to_string(m.n_layers) + " is above the " +
                                       std::to_string(kMaxLayers) + " layers ulysses supports");
   }
-  const long double C = m.d_model, F = m.d_ff, L = m.n_layers;
-  const long double params = 2.0L * m.vocab_size * C + (long double)m.max_seq_len * C +
-                             L * (4.0L * C * C + 3.0L * C * F + 6.0L * C + F);
-  if (params > kMaxParams) {
+  const long double C = m.d_model, F = m.d_ff;
+  const long double params = approximate_parameter_count(m);
+  if (params > kMaxParameters) {
     char text[64];
     std::snprintf(text, sizeof text, "%.3Lg", params);
     reader.fail("model.d_model", std::string("the model would have about ") + text +
@@ -812,6 +872,12 @@ void validate_for_world(const Config& config, int world_size) {
                       " / parallel.sp=" + std::to_string(sp) + "); head_chunks can be " +
                       join_choices(divisors_of(heads_per_rank)));
   }
+}
+
+long double approximate_parameter_count(const ModelConfig& m) {
+  const long double C = m.d_model, F = m.d_ff, L = m.n_layers;
+  return 2.0L * m.vocab_size * C + (long double)m.max_seq_len * C +
+         L * (4.0L * C * C + 3.0L * C * F + 6.0L * C + F);
 }
 
 std::vector<std::string> config_key_values(const Config& config) {

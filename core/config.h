@@ -110,6 +110,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
                     const std::string& source_name);
 
+// The largest model this build handles (beyond, the parameter table's arithmetic and the
+// buffers would overflow before an allocation could fail cleanly), and the parameter
+// count the limit is checked on: an upper estimate from the shape alone.
+constexpr int kMaxLayers = 100000;
+constexpr long double kMaxParameters = 1099511627776.0L;  // 2^40
+long double approximate_parameter_count(const ModelConfig& model);
+
 // Checks that depend on the number of ranks (world % sp, heads % sp, GQA, seq_len % sp);
 // the message names the numbers and what would work.
 void validate_for_world(const Config& config, int world_size);

@@ -3,7 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -88,6 +91,19 @@ DeviceCommChoice agree_device_comm(Comm& world, const std::string& setting) {
   return choice;
 }
 
+// The metrics file is written by rank 0 after every step: found unwritable now, before the
+// model is built, rather than after the first step's compute.
+void check_metrics_file(Comm& world, const std::string& path) {
+  std::string error;
+  if (world.rank() == 0 && !path.empty()) {
+    std::ofstream probe(path, std::ios::app);
+    if (!probe)
+      error =
+          "log.metrics_file '" + path + "' cannot be opened for writing: " + std::strerror(errno);
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
+}
+
 }  // namespace
 
 void run_job(const JobOptions& options, Comm& world) {
@@ -145,6 +161,7 @@ void run_job(const JobOptions& options, Comm& world) {
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
   prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
+  check_metrics_file(world, config.log.metrics_file);
   Trainer trainer(config, *backend, mesh);
   if (resume_folder.empty()) {
     Watchdog::SlowWork slow(watchdog.get(), "loading model.init_from");

@@ -167,6 +167,80 @@ float f16_to_float(uint16_t bits) {
   return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
+SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t available,
+                                           uint64_t file_size, const std::string& path) {
+  const std::string context = "safetensors file '" + path + "': ";
+  auto fail = [&](const std::string& problem) { throw std::runtime_error(context + problem); };
+  if (file_size < kHeaderLengthBytes) {
+    fail("file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
+  }
+  if (available < kHeaderLengthBytes) {
+    fail("only " + std::to_string(available) + " bytes given, fewer than the header length");
+  }
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes, kHeaderLengthBytes);
+  if (header_length > file_size - kHeaderLengthBytes) {
+    fail("header length " + std::to_string(header_length) + " is larger than the " +
+         std::to_string(file_size) + "-byte file");
+  }
+  if (header_length > kSafetensorsMaxHeaderBytes) {
+    fail("header length " + std::to_string(header_length) + " is above the " +
+         std::to_string(kSafetensorsMaxHeaderBytes) + " bytes safetensors allows");
+  }
+  if (available - kHeaderLengthBytes < header_length) {
+    fail("only " + std::to_string(available) + " bytes given, fewer than the " +
+         std::to_string(kHeaderLengthBytes + header_length) + "-byte header");
+  }
+  const char* header_begin = reinterpret_cast<const char*>(bytes + kHeaderLengthBytes);
+  // Printing a JSON value (as messages do) recurses once per level, so deeper headers are
+  // refused while they are parsed (which does not recurse); a valid one nests 3 levels.
+  constexpr int kMaxJsonDepth = 64;
+  auto limit_depth = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+    if ((event == nlohmann::json::parse_event_t::object_start ||
+         event == nlohmann::json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      fail("JSON header nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return true;
+  };
+  nlohmann::json json_header;
+  try {
+    json_header = nlohmann::json::parse(header_begin, header_begin + header_length, limit_depth);
+  } catch (const nlohmann::json::exception& e) {
+    fail(std::string("invalid JSON header: ") + e.what());
+  }
+  if (!json_header.is_object()) fail("JSON header is not an object");
+
+  SafetensorsHeader header;
+  for (const auto& [name, value] : json_header.items()) {
+    if (name == "__metadata__") {
+      header.metadata = parse_metadata(value, context);
+    } else {
+      header.entries.push_back(parse_entry(name, value, context));
+    }
+  }
+
+  header.data_offset = kHeaderLengthBytes + header_length;
+  const uint64_t data_size = file_size - header.data_offset;
+  std::vector<SafetensorsEntry>& entries = header.entries;
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const SafetensorsEntry* previous = nullptr;  // last non-empty tensor
+  for (const auto& entry : entries) {
+    if (entry.end > data_size) {
+      fail("tensor '" + entry.name + "' ends at data byte " + std::to_string(entry.end) +
+           " but the file holds only " + std::to_string(data_size) +
+           " bytes of data (truncated or offsets out of bounds)");
+    }
+    if (entry.begin == entry.end) continue;
+    if (previous && entry.begin < previous->end) {
+      fail("tensors '" + previous->name + "' and '" + entry.name + "' overlap in the data section");
+    }
+    previous = &entry;
+  }
+  return header;
+}
+
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(error(std::string("cannot open: ") + std::strerror(errno)));
@@ -195,51 +269,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   mapped_ = static_cast<const uint8_t*>(mapping);
   mapped_size_ = file_size;
   try {
-    uint64_t header_length = 0;
-    std::memcpy(&header_length, mapped_, kHeaderLengthBytes);
-    if (header_length > file_size - kHeaderLengthBytes) {
-      throw std::runtime_error(error("header length " + std::to_string(header_length) +
-                                     " is larger than the " + std::to_string(file_size) +
-                                     "-byte file"));
-    }
-    const char* header_begin = reinterpret_cast<const char*>(mapped_ + kHeaderLengthBytes);
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(header_begin, header_begin + header_length);
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(error(std::string("invalid JSON header: ") + e.what()));
-    }
-    if (!header.is_object()) throw std::runtime_error(error("JSON header is not an object"));
-
-    const std::string context = "safetensors file '" + path_ + "': ";
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") {
-        metadata_ = parse_metadata(value, context);
-      } else {
-        entries_.push_back(parse_entry(name, value, context));
-      }
-    }
-
-    data_ = mapped_ + kHeaderLengthBytes + header_length;
-    const uint64_t data_size = file_size - kHeaderLengthBytes - header_length;
-    std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    const SafetensorsEntry* previous = nullptr;  // last non-empty tensor
-    for (const auto& entry : entries_) {
-      if (entry.end > data_size) {
-        throw std::runtime_error(error("tensor '" + entry.name + "' ends at data byte " +
-                                       std::to_string(entry.end) + " but the file holds only " +
-                                       std::to_string(data_size) +
-                                       " bytes of data (truncated or offsets out of bounds)"));
-      }
-      if (entry.begin == entry.end) continue;
-      if (previous && entry.begin < previous->end) {
-        throw std::runtime_error(error("tensors '" + previous->name + "' and '" + entry.name +
-                                       "' overlap in the data section"));
-      }
-      previous = &entry;
-    }
+    SafetensorsHeader header = parse_safetensors_header(mapped_, mapped_size_, file_size, path_);
+    data_ = mapped_ + header.data_offset;
+    entries_ = std::move(header.entries);
+    metadata_ = std::move(header.metadata);
     for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
   } catch (...) {
     unmap();

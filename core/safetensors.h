@@ -31,6 +31,24 @@ size_t safetensors_dtype_size(const std::string& dtype);
 // Exact (every f16 value is representable as a float). bf16: kernels/tensor.h.
 float f16_to_float(uint16_t bits);
 
+// What a safetensors header says, checked against the size of its file.
+struct SafetensorsHeader {
+  uint64_t data_offset = 0;               // bytes before the data section: 8 + header length
+  std::vector<SafetensorsEntry> entries;  // sorted by position in the file
+  std::map<std::string, std::string> metadata;
+};
+
+// The longest JSON header accepted (as the reference implementation): a crafted length
+// cannot make the reader parse gigabytes.
+constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+
+// Parses and validates the header of a safetensors file of file_size bytes from its first
+// `available` bytes (all of the header must be there): every tensor's dtype, shape and
+// offsets, inside the data section and not overlapping. Throws std::runtime_error naming
+// path. The reader below uses it; fuzz targets call it on bytes (docs/fuzzing.md).
+SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t available,
+                                           uint64_t file_size, const std::string& path);
+
 // Memory-maps a file and validates its header; tensors are converted on request.
 class SafetensorsReader {
  public:

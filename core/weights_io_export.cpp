@@ -14,6 +14,7 @@
 
 #include "core/file_util.h"
 #include "core/safetensors.h"
+#include "core/weights_io.h"
 #include "core/weights_io_formats.h"
 
 namespace ulysses {
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 [[noreturn]] void fail(const std::string& message) {
-  throw std::runtime_error(message);
+  throw WeightsError(message);
 }
 
 std::string in_quotes(const std::string& path) {

@@ -155,6 +155,7 @@ TokenShardHeader parse_token_shard_header(const uint8_t* bytes, int64_t availabl
 
 TokenStream TokenStream::from_text_files(const std::vector<std::string>& files) {
   TokenStream stream;
+  stream.files_ = files;
   for (const std::string& path : files) {
     Piece piece;
     piece.file = DataFile(path);
@@ -172,6 +173,7 @@ TokenStream TokenStream::from_token_shards(const std::vector<std::string>& files
     throw DataError("token shards need model.vocab_size (got " + std::to_string(vocab_size) + ")");
   }
   TokenStream stream;
+  stream.files_ = files;
   stream.vocab_size_ = vocab_size;
   for (const std::string& path : files) {
     Piece piece;
@@ -249,10 +251,10 @@ void TokenStream::read_piece(const Piece& piece, int64_t first, int64_t count, i
 }
 
 std::string TokenStream::describe() const {
-  if (pieces_.empty()) return "no data";
-  if (pieces_.size() == 1) return pieces_[0].file.path();
-  return pieces_.front().file.path() + " ... " + pieces_.back().file.path() + " (" +
-         std::to_string(pieces_.size()) + " files)";
+  if (files_.empty()) return "no files";
+  if (files_.size() == 1) return files_[0];
+  return files_.front() + " ... " + files_.back() + " (" + std::to_string(files_.size()) +
+         " files)";
 }
 
 }  // namespace ulysses

@@ -51,7 +51,8 @@ class TokenStream {
   int64_t size() const { return size_; }
   // Tokens [begin, begin + count) of the stream; touches only the bytes they live in.
   void read(int64_t begin, int64_t count, int32_t* out) const;
-  // "path" for one file, "first ... last (N files)" for several; for messages.
+  // "path" for one file, "first ... last (N files)" for several (empty files included);
+  // for messages.
   std::string describe() const;
 
  private:
@@ -70,6 +71,7 @@ class TokenStream {
   void add_piece(Piece piece);
   void read_piece(const Piece& piece, int64_t first, int64_t count, int32_t* out) const;
 
+  std::vector<std::string> files_;  // as given, empty ones included (for messages)
   std::vector<Piece> pieces_;
   int64_t size_ = 0;
   int vocab_size_ = 0;  // 0 = no check (text: every token is below kTextVocabSize)

@@ -213,6 +213,84 @@ TEST_F(CheckpointFixture, KeepLastPrunesOnlyOlderCompleteCheckpoints) {
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000008", "step_00000009"}));
 }
 
+TEST_F(CheckpointFixture, FreshRunIntoAFolderWithCheckpointsIsRefusedAndTouchesNothing) {
+  const std::string metrics_before = testing::read_text_file(dir_.file("m.jsonl"));
+  auto run = run_command(kTrain + " --config " + dir_.file("c.yaml"));
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("'" + dir_.file("ckpt") + "' already holds checkpoints"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("newest: step_00000006"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("--resume auto"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("train.checkpoint.overwrite: true"), std::string::npos) << run.output;
+  EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000006\n");
+  EXPECT_EQ(checkpoint_step_folders(dir_.file("ckpt")).size(), 6u);
+  EXPECT_EQ(testing::read_text_file(dir_.file("m.jsonl")), metrics_before) << "it trained";
+}
+
+TEST_F(CheckpointFixture, OverwriteStartsOverAndRemovesTheEarlierRunsCheckpoints) {
+  auto run = run_command(kTrain + " --config " + dir_.file("c.yaml") +
+                         " --set train.checkpoint.overwrite=true --set train.steps=2");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("deleting the 6 checkpoint(s) of an earlier run"), std::string::npos)
+      << run.output;
+  const auto folders = checkpoint_step_folders(dir_.file("ckpt"));
+  ASSERT_EQ(folders.size(), 2u);
+  EXPECT_EQ(folders[0].first, 2);
+  EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000002\n");
+}
+
+TEST_F(CheckpointFixture, ResumingAnOlderStepIntoTheFolderOfNewerOnesIsRefused) {
+  auto run = resume(step(3));
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("resumes from step 3"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("newer intact checkpoint (" + step(6) + ")"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000006\n");
+  // Into another folder it is an ordinary resume.
+  auto elsewhere = resume(step(3), " --set train.checkpoint.dir=" + dir_.file("other"));
+  EXPECT_EQ(elsewhere.exit_code, 0) << elsewhere.output;
+}
+
+TEST_F(CheckpointFixture, ResumingAFinishedRunSaysThereIsNothingToTrain) {
+  auto run = resume("auto");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("checkpoint at step 6, train.steps is 6: nothing to train"),
+            std::string::npos)
+      << run.output;
+}
+
+TEST_F(CheckpointFixture, AnEmptyResumeArgumentIsRefused) {
+  auto run = resume("''");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--resume needs a value"), std::string::npos) << run.output;
+}
+
+TEST_F(CheckpointFixture, ResumingWithAnotherGlobalBatchWarnsThatTheDataOrderChanges) {
+  auto run =
+      resume(step(3), " --set train.batch_size=1 --set train.checkpoint.dir=" + dir_.file("other"));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("this run reads 1 sequences per step"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("read 2"), std::string::npos) << run.output;
+}
+
+TEST(CheckpointDir, UncreatableFolderIsRefusedBeforeTheFirstStep) {
+  TempDir dir;
+  testing::write_text_file(dir.file("a-file"), "not a folder");
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  testing::write_text_file(
+      dir.file("c.yaml"), config_yaml("llama", data, dir.file("a-file/ckpt"), dir.file("m.jsonl")));
+  auto run = run_command(kTrain + " --config " + dir.file("c.yaml"));
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(
+      run.output.find("train.checkpoint.dir '" + dir.file("a-file/ckpt") + "' cannot be created"),
+      std::string::npos)
+      << run.output;
+  EXPECT_FALSE(fs::exists(dir.file("m.jsonl"))) << "a step ran before the folder was checked";
+}
+
 // Kills the trainer with SIGKILL at many moments (including inside checkpoint writes,
 // which happen every step) and checks that --resume auto always finds an intact
 // checkpoint and finishes with the same losses as an uninterrupted run.

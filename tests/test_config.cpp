@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,25 @@ const std::vector<BadConfig> kBadConfigs = {
     {"section that is not a map", "model:\n  n_layers: 2\ntrain: 5\n", "train", 3,
      "expected a map"},
     {"key given twice", "train:\n  steps: 3\n  steps: 4\n", "train.steps", 3, "given twice"},
+    {"integer above its type", "train:\n  seq_len: 1000000000000\n", "train.seq_len", 2,
+     "1000000000000 is out of range; the largest allowed is 2147483647"},
+    {"integer below its type", "train:\n  steps: -99999999999\n", "train.steps", 2,
+     "the smallest allowed is -2147483648"},
+    {"tiny memory limit", "memory:\n  limit_gib: 1e-12\n", "memory.limit_gib", 2,
+     "must be 0 (no limit) or between 1e-06"},
+    {"huge memory limit", "memory:\n  limit_gib: 1e30\n", "memory.limit_gib", 2, "1 EiB"},
+    {"unknown non-finite policy", "train:\n  on_nonfinite: ignore\n", "train.on_nonfinite", 2,
+     "abort or skip"},
+    {"no skips allowed", "train:\n  max_skipped_steps: 0\n", "train.max_skipped_steps", 2, ">= 1"},
+    {"negative watchdog timeout", "parallel:\n  timeout_s: -1\n", "parallel.timeout_s", 2, ">= 0"},
+    {"model too wide", "model:\n  d_model: 1073741824\n  n_heads: 4\n  d_ff: 64\n", "model.d_model",
+     2, "supports at most 2^40"},
+    {"model too deep", "model:\n  n_layers: 2147483647\n", "model.n_layers", 2,
+     "above the 100000 layers"},
+    {"activations beyond a PiB",
+     "model:\n  max_seq_len: 2000000000\ntrain:\n  seq_len: 2000000000\n  batch_size: "
+     "2000000\n",
+     "train.seq_len", 4, "would exceed 1 PiB"},
 };
 
 TEST(Config, EveryKindOfBadConfigNamesTheKeyLineAndWhatIsAllowed) {
@@ -383,6 +403,10 @@ TEST(ValidateForWorld, KvHeadsAreSplitOrReplicatedOrRefused) {
   std::string message = world_error(refused, 2);
   EXPECT_TRUE(contains(message, "model.n_kv_heads=3")) << message;
   EXPECT_TRUE(contains(message, "parallel.sp=2")) << message;
+  // The sp values that work on these ranks: they divide the 6 heads and the 6 ranks and
+  // split (1, 3) or replicate (6) the 3 kv heads.
+  message = world_error(refused, 6);
+  EXPECT_TRUE(contains(message, "on 6 ranks sp can be 1, 3 or 6")) << message;
 }
 
 TEST(ValidateForWorld, SeqLenMustSplitEvenly) {
@@ -405,6 +429,43 @@ TEST(ValidateForWorld, HeadChunksMustDivideTheHeadsPerRank) {
   EXPECT_NO_THROW(validate_for_world(config, 4));
 }
 
+TEST(Config, AFolderGivenAsTheConfigIsRefused) {
+  testing::TempDir dir;
+  try {
+    load_config(dir.path(), {});
+    ADD_FAILURE() << "a folder was accepted as a config";
+  } catch (const ConfigError& error) {
+    EXPECT_TRUE(contains(error.what(), dir.path() + ": is a folder")) << error.what();
+  }
+}
+
+TEST(Config, ASecondYamlDocumentIsRefusedNotIgnored) {
+  std::string message = config_error("train:\n  steps: 3\n---\ntrain:\n  steps: 9\n");
+  EXPECT_TRUE(contains(message, "config.yaml:4")) << message;
+  EXPECT_TRUE(contains(message, "2 YAML documents")) << message;
+  // A lone document marker at either end is still one document.
+  EXPECT_EQ(parse_config("---\ntrain:\n  steps: 3\n...\n", {}, "c.yaml").train.steps, 3);
+}
+
+TEST(Config, ReliabilityKeysHaveSafeDefaults) {
+  Config config = parse_config("", {}, "c.yaml");
+  EXPECT_EQ(config.train.on_nonfinite, "abort");
+  EXPECT_EQ(config.train.max_skipped_steps, 8);
+  EXPECT_FALSE(config.train.checkpoint.overwrite);
+  EXPECT_EQ(config.parallel.timeout_s, 600.0);
+  EXPECT_EQ(parse_config("parallel:\n  timeout_s: 0\n", {}, "c.yaml").parallel.timeout_s, 0.0);
+}
+
+TEST(Config, KeyValuesListEveryResolvedKeyOnce) {
+  const std::vector<std::string> lines = config_key_values(parse_config("", {}, "c.yaml"));
+  EXPECT_TRUE(std::find(lines.begin(), lines.end(), "model.n_kv_heads=4") != lines.end());
+  EXPECT_TRUE(std::find(lines.begin(), lines.end(), "train.on_nonfinite=abort") != lines.end());
+  std::vector<std::string> keys;
+  for (const std::string& line : lines) keys.push_back(line.substr(0, line.find('=')));
+  std::sort(keys.begin(), keys.end());
+  EXPECT_TRUE(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
+}
+
 TEST(Config, EveryZeroStageIsAccepted) {
   for (int stage = 0; stage <= 3; ++stage)
     EXPECT_EQ(parse_config("parallel:\n  zero_stage: " + std::to_string(stage) + "\n", {}, "c.yaml")
@@ -416,7 +477,8 @@ TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"parallel:\n  head_chunks: 2\n", "parallel.head_chunks"},
       {"parallel:\n  overlap: true\n", "parallel.overlap"},
-      {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"}};
+      {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"},
+      {"log:\n  trace_file: trace.json\n", "log.trace_file"}};
   for (const auto& [yaml, key] : cases) {
     try {
       parse_config(yaml, {}, "c.yaml");

@@ -457,6 +457,46 @@ TEST(TokenData, MalformedShardsNameTheFileAndTheProblem) {
   }
 }
 
+// Data that changes under a running job ends it with an error naming the file and both
+// sizes; it is never memory-mapped, so a shrinking file cannot raise SIGBUS.
+TEST(TokenData, ShardThatChangesDuringTheRunIsAnErrorNamingItAndBothSizes) {
+  TempDir dir;
+  const std::string path = dir.file("shard.bin");
+  write_token_shard(path, std::vector<int32_t>(5000, 3), 1);
+  auto dataset = make_dataset(tokens_config(path), Split::train, 64, 50, 1);
+  std::vector<int32_t> inputs(64), targets(64);
+  dataset->read_slice(0, 0, 64, inputs.data(), targets.data());
+  const std::string was = std::to_string(1024 + 2 * 5000) + " bytes when the run started";
+
+  std::filesystem::resize_file(path, 3000);
+  std::string message =
+      data_error_message([&] { dataset->read_slice(1, 0, 64, inputs.data(), targets.data()); });
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find(was + ", now 3000"), std::string::npos) << message;
+
+  std::filesystem::remove(path);
+  message =
+      data_error_message([&] { dataset->read_slice(2, 0, 64, inputs.data(), targets.data()); });
+  EXPECT_NE(message.find(was + ", and now it is gone"), std::string::npos) << message;
+}
+
+TEST(TextData, FileThatGrowsDuringTheRunIsAnError) {
+  TempDir dir;
+  const std::string path = dir.file("a.txt");
+  write_text_file(path, std::string(4000, 'x'));
+  DataConfig config;
+  config.source = "text";
+  config.path = path;
+  auto dataset = make_dataset(config, Split::train, 64, 257, 1);
+  std::vector<int32_t> inputs(64), targets(64);
+  dataset->read_slice(0, 0, 64, inputs.data(), targets.data());
+  write_text_file(path, std::string(5000, 'x'));
+  const std::string message =
+      data_error_message([&] { dataset->read_slice(1, 0, 64, inputs.data(), targets.data()); });
+  EXPECT_NE(message.find("4000 bytes when the run started, now 5000"), std::string::npos)
+      << message;
+}
+
 TEST(TokenData, MissingFilesAndEmptyGlobsAreErrors) {
   TempDir dir;
   std::string message = data_error_message(

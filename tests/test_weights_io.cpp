@@ -219,7 +219,7 @@ TEST_P(RoundTrip, ExportedWeightsImportBitwiseAndGiveTheResumedRunsLoss) {
   // The other format is refused, naming the one that fits.
   auto wrong = run_command(kTrain + " export --checkpoint " + checkpoint_ + " --format " +
                            (llama ? "llmc" : "hf-llama") + " --out " + dir_.file("wrong"));
-  EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
   EXPECT_MENTIONS(wrong.output, "--format " + format);
 }
 
@@ -243,7 +243,7 @@ TEST(ExportCommand, HelpDescribesEveryOption) {
     EXPECT_MENTIONS(help.output, word);
 }
 
-TEST(ExportCommand, BadArgumentsExitTwoAndErrorsExitOne) {
+TEST(ExportCommand, BadArgumentsAndUnreadableCheckpointsExitTwo) {
   TempDir dir;
   const std::string ok = " --checkpoint " + dir.path() + " --out " + dir.file("x");
   EXPECT_EQ(run_command(kTrain + " export" + ok).exit_code, 2);  // no --format
@@ -253,7 +253,7 @@ TEST(ExportCommand, BadArgumentsExitTwoAndErrorsExitOne) {
                 .exit_code,
             2);
   auto empty = run_command(kTrain + " export --format llmc" + ok);
-  EXPECT_EQ(empty.exit_code, 1) << empty.output;
+  EXPECT_EQ(empty.exit_code, 2) << empty.output;
   EXPECT_MENTIONS(empty.output, dir.path());
   EXPECT_MENTIONS(empty.output, "no manifest.json");
 }
