@@ -1,4 +1,4 @@
-// The resolved configuration of a run: one struct per YAML section (DESIGN.md §10).
+// The resolved configuration of a run: one struct per YAML section (docs/configuration.md).
 #pragma once
 
 #include <cstdint>

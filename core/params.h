@@ -1,4 +1,4 @@
-// The one table of parameter tensors (DESIGN.md §3b). Allocation into the flat buffer,
+// The one table of parameter tensors (docs/design.md, "One table of parameters"). Allocation into the flat buffer,
 // the views forward/backward use, gradients, optimizer state, checkpoints and
 // import/export are all derived from it.
 #pragma once

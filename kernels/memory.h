@@ -1,5 +1,5 @@
 // Tracking allocator bookkeeping: every buffer is charged to a category so that memory
-// claims can be proven with deterministic byte counts (DESIGN.md §4).
+// claims can be proven with deterministic byte counts (docs/design.md, "Memory accounting").
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// Communicators (DESIGN.md §5). Buffers are Tensors of the backend in use: MpiComm moves
+// Communicators (docs/parallelism.md). Buffers are Tensors of the backend in use: MpiComm moves
 // host memory (the cpu backend's), NcclComm device memory, and StagedComm device memory
 // through pinned host copies over an MpiComm. Every call counts the bytes
 // this rank sends and the seconds it waits, per communicator.

@@ -1,4 +1,4 @@
-// The dp × sp process mesh (DESIGN.md §5).
+// The dp × sp process mesh (docs/parallelism.md).
 #pragma once
 
 #include <memory>

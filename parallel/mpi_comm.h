@@ -1,4 +1,4 @@
-// MPI communicators on host buffers (DESIGN.md §5). Only parallel/*.cpp include <mpi.h>;
+// MPI communicators on host buffers (docs/parallelism.md). Only parallel/*.cpp include <mpi.h>;
 // everything else sees the Comm interface, MpiSession and ranks_on_this_node.
 #pragma once
 

@@ -1,4 +1,4 @@
-// NCCL communicators on device buffers (DESIGN.md §5). Built only with the CUDA backend
+// NCCL communicators on device buffers (docs/parallelism.md). Built only with the CUDA backend
 // (ULYSSES_WITH_NCCL is then defined for every target that links ulysses_parallel); this
 // header has no CUDA or NCCL types.
 #pragma once

@@ -1,4 +1,4 @@
-// How ZeRO cuts a flat buffer over the ranks of a world (DESIGN.md §5). The buffer is a
+// How ZeRO cuts a flat buffer over the ranks of a world (docs/memory.md, ZeRO). The buffer is a
 // sequence of units, contiguous ranges of elements (a layer, a group of layers, the
 // embedding); each unit is split into `world` equal blocks, the last one padded with zeros,
 // and rank r owns block r of every unit. A unit is the grain of every ZeRO collective: one

@@ -1,4 +1,4 @@
-// Device buffers over a host communicator (DESIGN.md §5): MpiComm "stages device buffers
+// Device buffers over a host communicator (docs/parallelism.md): MpiComm "stages device buffers
 // through the host". Slower than NCCL (each collective adds a device-to-host and a
 // host-to-device copy), but it works where NCCL cannot: several ranks sharing one GPU, a
 // build without NCCL, and tests.

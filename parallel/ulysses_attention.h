@@ -1,4 +1,4 @@
-// Ulysses sequence-parallel attention (DESIGN.md §5, DeepSpeed-Ulysses): each rank of an SP
+// Ulysses sequence-parallel attention (docs/parallelism.md, DeepSpeed-Ulysses): each rank of an SP
 // group of P ranks holds Tl = N/P tokens of a sequence with all heads; an all-to-all turns
 // that into all N tokens for H/P heads, the backend's local causal attention runs on them,
 // and a second all-to-all turns the output back. Backward mirrors it.

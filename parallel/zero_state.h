@@ -1,4 +1,4 @@
-// The training state that ZeRO shards over the whole dp×sp world (DESIGN.md §5): weights,
+// The training state that ZeRO shards over the whole dp×sp world (docs/memory.md, ZeRO): weights,
 // gradients and the f32 master weights the optimizer updates, held whole or as this
 // rank's shard depending on the stage, and the collectives that move between the two.
 // It knows flat buffers and units only (parallel/shard_layout.h), nothing of a model.

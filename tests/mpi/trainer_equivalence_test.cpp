@@ -1,4 +1,4 @@
-// The distributed trainer against the single-rank one (DESIGN.md §8.3): for both families,
+// The distributed trainer against the single-rank one (docs/design.md, "Correctness evidence"): for both families,
 // sp ∈ {2, 4} and dp×sp = 2×2, the same losses and the same parameters after 3 AdamW steps
 // as one rank on the same global batch; and the all-to-all volume per layer.
 #include <gtest/gtest.h>

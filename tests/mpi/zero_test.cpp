@@ -1,4 +1,4 @@
-// ZeRO stages 1-3 (DESIGN.md §5) against replicated state: the same losses, gradients and
+// ZeRO stages 1-3 (docs/memory.md, ZeRO) against replicated state: the same losses, gradients and
 // parameters after 5 AdamW steps for both families, with and without layer checkpointing,
 // with one unit per layer and with the default bucket; and the per-rank bytes of every
 // stage, which must shrink as 1/world up to one unit of staging or gathering.
