@@ -1,0 +1,102 @@
+// The step schedule changes where collectives are issued and waited for, never the
+// arithmetic: losses, gradient norms and weights after 5 steps are bit-identical to values
+// recorded from the code before the schedule existed (tests/mpi/golden/schedule.txt), for
+// sp 1/2/4, ZeRO stages 0-3, with and without layer checkpointing, llama (GQA) and gpt2,
+// on 4 ranks. To re-record after an intended change of the arithmetic:
+//   ULYSSES_RECORD_SCHEDULE_GOLDEN=1 mpirun -np 4 build/tests/mpi/schedule_test
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "tests/mpi/mpi_testing.h"
+#include "tests/mpi/trainer_testing.h"
+
+namespace ulysses {
+namespace {
+
+const std::string kGolden = std::string(ULYSSES_SOURCE_DIR) + "/tests/mpi/golden/schedule.txt";
+
+// Exact text of a double: its bits in hex.
+std::string bits(double value) {
+  uint64_t word;
+  std::memcpy(&word, &value, sizeof word);
+  char text[24];
+  std::snprintf(text, sizeof text, "%016llx", (unsigned long long)word);
+  return text;
+}
+
+// FNV-1a over the bytes of every weight.
+std::string fingerprint(const std::vector<float>& values) {
+  uint64_t hash = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t i = 0; i < values.size() * sizeof(float); ++i) {
+    hash ^= bytes[i];
+    hash *= 1099511628211ull;
+  }
+  char text[24];
+  std::snprintf(text, sizeof text, "%016llx", (unsigned long long)hash);
+  return text;
+}
+
+// "llama sp2 zero3 layer" -> "losses ... | norms ... | weights hash"
+std::map<std::string, std::string> read_golden() {
+  std::map<std::string, std::string> golden;
+  std::ifstream in(kGolden);
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(": ");
+    if (line.empty() || line[0] == '#' || colon == std::string::npos) continue;
+    golden[line.substr(0, colon)] = line.substr(colon + 2);
+  }
+  return golden;
+}
+
+class Schedule : public testing::MpiTest {};
+
+TEST_F(Schedule, EveryStageAndSpGivesTheRecordedBitsAfterFiveSteps) {
+  ASSERT_EQ(world().size(), 4) << "the recorded values are for 4 ranks";
+  const bool record = std::getenv("ULYSSES_RECORD_SCHEDULE_GOLDEN") != nullptr;
+  const std::map<std::string, std::string> golden = read_golden();
+  std::ostringstream recorded;
+  for (const std::string family : {"llama", "gpt2"}) {
+    for (int sp : {1, 2, 4}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        for (const std::string checkpointing : {"none", "layer"}) {
+          Config config = testing::tiny_training_config(family, 2, sp, 2);
+          if (family == "gpt2") config.model.n_kv_heads = config.model.n_heads;
+          config.parallel.zero_stage = stage;
+          config.parallel.bucket_mb = 1e-6;  // one unit per layer: the most collectives
+          config.memory.activation_checkpointing = checkpointing;
+          const testing::TrainingOutcome outcome = testing::train_for(config, world(), 5);
+          std::string line;
+          for (double loss : outcome.losses) line += bits(loss) + " ";
+          line += "|";
+          for (double norm : outcome.grad_norms) line += " " + bits(norm);
+          line += " | " + fingerprint(outcome.params);
+          const std::string key = family + " sp" + std::to_string(sp) + " zero" +
+                                  std::to_string(stage) + " " + checkpointing;
+          recorded << key << ": " << line << "\n";
+          if (record) continue;
+          auto expected = golden.find(key);
+          ASSERT_NE(expected, golden.end()) << key << " is not in " << kGolden;
+          EXPECT_EQ(line, expected->second) << key;
+        }
+      }
+    }
+  }
+  if (record && world().rank() == 0) {
+    std::ofstream out(kGolden);
+    out << "# losses (5 steps, double bits) | gradient norms | FNV-1a of the weights, per setup.\n"
+        << "# Written by tests/mpi/schedule_test.cpp with ULYSSES_RECORD_SCHEDULE_GOLDEN=1.\n"
+        << recorded.str();
+  }
+}
+
+}  // namespace
+}  // namespace ulysses
