@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake pkg-config git
           openmpi-bin libopenmpi-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
           libopenblas-dev libopenblas0-pthread nlohmann-json3-dev libgtest-dev
-          python3 python3-torch gnuplot-nox)
+          python3 python3-torch gnuplot-nox
+          clang libclang-rt-14-dev libomp-dev)  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

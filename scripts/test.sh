@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test (unit, multi-rank under mpirun, PyTorch reference).
+# Sets up, builds and runs every test (unit, multi-rank under mpirun, PyTorch reference,
+# the fault suite and bad-input corpus) and the fuzzers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "$@"
 cd build
 ctest --output-on-failure --timeout 900
+# The readers of untrusted files under libFuzzer, 20 s each (docs/fuzzing.md).
+bash ../scripts/fuzz.sh 20
