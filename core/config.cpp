@@ -98,6 +98,8 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(log.every),
       ULYSSES_FIELD(log.metrics_file),
       ULYSSES_FIELD(log.trace_file),
+      ULYSSES_FIELD(log.trace_steps),
+      ULYSSES_FIELD(log.verdict_every),
   };
   return table;
 }
@@ -626,6 +628,8 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   check.choice("kernels.attention", c.kernels.attention, {"native", "cudnn"});
 
   check.at_least("log.every", c.log.every, 1);
+  check.at_least("log.trace_steps", c.log.trace_steps, 1);
+  check.at_least("log.verdict_every", c.log.verdict_every, 0);
 }
 
 // Defaults that depend on other keys.
@@ -771,8 +775,6 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
     reader.fail("parallel.overlap", "communication overlap is not implemented yet; use false");
   if (c.memory.tiled_mlp)
     reader.fail("memory.tiled_mlp", "tiled MLP is not implemented yet; use false");
-  if (!c.log.trace_file.empty())
-    reader.fail("log.trace_file", "trace files are not implemented yet; leave it empty");
 }
 
 // ---- YAML output -----------------------------------------------------------------------

@@ -89,7 +89,11 @@ struct KernelsConfig {
 struct LogConfig {
   int every = 1;
   std::string metrics_file;
+  // Chrome trace-event JSON of the first trace_steps steps, all ranks (docs/profiling.md).
   std::string trace_file;
+  int trace_steps = 10;
+  // Steps between verdicts on what bounds the run; 0 = only at the end.
+  int verdict_every = 0;
 };
 
 struct Config {

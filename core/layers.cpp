@@ -51,6 +51,16 @@ void linear_backward(Backend& backend, const Tensor& din, bool accumulate_din,
 Block::Block(const ModelConfig& model, Backend& backend, UlyssesAttention& attention)
     : model_(model), backend_(backend), attention_(attention), llama_(model.family == "llama") {}
 
+double Block::qkv_flops(int64_t rows) const {
+  const double width = double(model_.n_heads + 2 * model_.n_kv_heads) * model_.head_dim();
+  return 2.0 * double(rows) * double(model_.d_model) * width;
+}
+
+double Block::mlp_flops(int64_t rows) const {
+  const int matrices = llama_ ? 3 : 2;
+  return 2.0 * matrices * double(rows) * double(model_.d_model) * double(model_.d_ff);
+}
+
 BlockActivations Block::allocate_activations(const BlockShape& shape) const {
   const int64_t rows = shape.batch * shape.seq_local, C = model_.d_model, F = model_.d_ff;
   const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
@@ -131,26 +141,37 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
   const float theta = float(model_.rope_theta);
 
   // attention: x -> norm1 -> q, k, v -> (RoPE) -> Ulysses attention -> o_proj, + x
+  Profiler& profiler = backend_.profiler();
   norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight], w[R::attn_norm_bias]);
   const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
   const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
   const Tensor& v = acts.v.empty() ? scratch.dv.tensor() : acts.v.tensor();
-  linear_forward(backend_, q.reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
-  linear_forward(backend_, k.reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
-  linear_forward(backend_, v.reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
+  {
+    Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+                               qkv_flops(rows));
+    linear_forward(backend_, q.reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
+    linear_forward(backend_, k.reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
+    linear_forward(backend_, v.reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
+  }
   if (llama_) {
     backend_.rope(q, shape.pos_offset, theta, false);
     backend_.rope(k, shape.pos_offset, theta, false);
   }
   attention_.forward(q, k, v, acts.attn_out, acts.attention);
   backend_.copy(acts.mid, x);
-  backend_.gemm(acts.attn_out.tensor().reshape({rows, H * d}), false, w[R::o_weight], true,
-                acts.mid, 1.0f, 1.0f);
-  if (!w[R::o_bias].empty()) backend_.bias_forward(acts.mid, w[R::o_bias]);
+  {
+    Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
+                               2.0 * double(rows) * double(H * d) * double(model_.d_model));
+    backend_.gemm(acts.attn_out.tensor().reshape({rows, H * d}), false, w[R::o_weight], true,
+                  acts.mid, 1.0f, 1.0f);
+    if (!w[R::o_bias].empty()) backend_.bias_forward(acts.mid, w[R::o_bias]);
+  }
 
   // MLP: mid -> norm2 -> (gate, up -> swiglu | fc -> gelu) -> down, + mid
   norm_forward(acts.norm2, acts.mean2, acts.rstd2, acts.mid, w[R::mlp_norm_weight],
                w[R::mlp_norm_bias]);
+  backend_.copy(out, acts.mid);
+  Profiler::Scope mlp(profiler, phase::kMlp, Profiler::Kind::compute, 0, mlp_flops(rows));
   if (llama_) {
     linear_forward(backend_, acts.ff_a, acts.norm2, w[R::gate_weight], {});
     linear_forward(backend_, acts.ff_b, acts.norm2, w[R::up_weight], {});
@@ -159,7 +180,6 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
     linear_forward(backend_, acts.ff_a, acts.norm2, w[R::up_weight], w[R::up_bias]);
     backend_.gelu_forward(acts.ff_out, acts.ff_a);
   }
-  backend_.copy(out, acts.mid);
   backend_.gemm(acts.ff_out, false, w[R::down_weight], true, out, 1.0f, 1.0f);
   if (!w[R::down_bias].empty()) backend_.bias_forward(out, w[R::down_bias]);
 }
@@ -173,40 +193,52 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
   const QkvTensors dqkv = qkv_tensors(g, H * d, Hkv * d);
   const float theta = float(model_.rope_theta);
 
+  Profiler& profiler = backend_.profiler();
   // MLP: dresidual is d(out); the down projection's input gradient goes to dff_out.
-  const Tensor& dff_out = llama_ ? s.dff_b.tensor() : s.dff_a.tensor();
-  linear_backward(backend_, dff_out, false, g[R::down_weight], g[R::down_bias], dresidual,
-                  acts.ff_out, w[R::down_weight]);
-  if (llama_) {
-    backend_.swiglu_backward(s.dff_a, s.dff_b, s.dff_b, acts.ff_a, acts.ff_b);
-    linear_backward(backend_, s.dnorm, false, g[R::gate_weight], {}, s.dff_a, acts.norm2,
-                    w[R::gate_weight]);
-    linear_backward(backend_, s.dnorm, true, g[R::up_weight], {}, s.dff_b, acts.norm2,
-                    w[R::up_weight]);
-  } else {
-    backend_.gelu_backward(s.dff_b, s.dff_a, acts.ff_a);
-    linear_backward(backend_, s.dnorm, false, g[R::up_weight], g[R::up_bias], s.dff_b, acts.norm2,
-                    w[R::up_weight]);
+  {
+    Profiler::Scope mlp(profiler, phase::kMlp, Profiler::Kind::compute, 0, 2.0 * mlp_flops(rows));
+    const Tensor& dff_out = llama_ ? s.dff_b.tensor() : s.dff_a.tensor();
+    linear_backward(backend_, dff_out, false, g[R::down_weight], g[R::down_bias], dresidual,
+                    acts.ff_out, w[R::down_weight]);
+    if (llama_) {
+      backend_.swiglu_backward(s.dff_a, s.dff_b, s.dff_b, acts.ff_a, acts.ff_b);
+      linear_backward(backend_, s.dnorm, false, g[R::gate_weight], {}, s.dff_a, acts.norm2,
+                      w[R::gate_weight]);
+      linear_backward(backend_, s.dnorm, true, g[R::up_weight], {}, s.dff_b, acts.norm2,
+                      w[R::up_weight]);
+    } else {
+      backend_.gelu_backward(s.dff_b, s.dff_a, acts.ff_a);
+      linear_backward(backend_, s.dnorm, false, g[R::up_weight], g[R::up_bias], s.dff_b, acts.norm2,
+                      w[R::up_weight]);
+    }
   }
   // mid feeds both the residual and norm2: its gradient is dresidual + the norm's.
   norm_backward(dresidual, g[R::mlp_norm_weight], g[R::mlp_norm_bias], s.dnorm, acts.mid,
                 w[R::mlp_norm_weight], acts.mean2, acts.rstd2);
 
   // attention
-  linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual,
-                  acts.attn_out.tensor().reshape({rows, H * d}), w[R::o_weight]);
+  {
+    Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
+                               4.0 * double(rows) * double(H * d) * double(model_.d_model));
+    linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual,
+                    acts.attn_out.tensor().reshape({rows, H * d}), w[R::o_weight]);
+  }
   attention_.backward(s.dattn.tensor().reshape({shape.batch, shape.seq_local, H, d}),
                       acts.attention, s.dq, s.dk, s.dv);
   if (llama_) {
     backend_.rope(s.dq, shape.pos_offset, theta, true);
     backend_.rope(s.dk, shape.pos_offset, theta, true);
   }
-  linear_backward(backend_, s.dnorm, false, dqkv.wq, dqkv.bq, s.dq.tensor().reshape({rows, H * d}),
-                  acts.norm1, qkv.wq);
-  linear_backward(backend_, s.dnorm, true, dqkv.wk, dqkv.bk, s.dk.tensor().reshape({rows, Hkv * d}),
-                  acts.norm1, qkv.wk);
-  linear_backward(backend_, s.dnorm, true, dqkv.wv, dqkv.bv, s.dv.tensor().reshape({rows, Hkv * d}),
-                  acts.norm1, qkv.wv);
+  {
+    Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+                               2.0 * qkv_flops(rows));
+    linear_backward(backend_, s.dnorm, false, dqkv.wq, dqkv.bq,
+                    s.dq.tensor().reshape({rows, H * d}), acts.norm1, qkv.wq);
+    linear_backward(backend_, s.dnorm, true, dqkv.wk, dqkv.bk,
+                    s.dk.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wk);
+    linear_backward(backend_, s.dnorm, true, dqkv.wv, dqkv.bv,
+                    s.dv.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wv);
+  }
   norm_backward(dresidual, g[R::attn_norm_weight], g[R::attn_norm_bias], s.dnorm, x,
                 w[R::attn_norm_weight], acts.mean1, acts.rstd1);
 }

@@ -66,6 +66,9 @@ class Block {
                 const Tensor& dresidual) const;
 
  private:
+  // Forward FLOPs of the q/k/v projections and of the MLP over `rows` tokens (backward: 2×).
+  double qkv_flops(int64_t rows) const;
+  double mlp_flops(int64_t rows) const;
   void norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                     const Tensor& weight, const Tensor& bias) const;
   void norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,

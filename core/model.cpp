@@ -154,9 +154,12 @@ void Model::forward(const MicroBatch& batch) {
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
   backend_.upload(tokens_, batch.inputs.data());
   backend_.upload(targets_, batch.targets.data());
-  backend_.embedding_forward(
-      residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
-      weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
+  {
+    Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
+    backend_.embedding_forward(
+        residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
+        weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
+  }
   for (int layer = 0; layer < model_.n_layers; ++layer)
     block_.forward(layer_view(layer, false), shape_, residuals_[layer], residuals_[layer + 1],
                    activations(layer), scratch_);
@@ -187,31 +190,49 @@ void Model::final_norm_backward(const Tensor& dhidden) {
   }
 }
 
+double Model::lm_head_flops(bool backward) const {
+  const double forward = 2.0 * double(shape_.batch * shape_.seq_local) * double(model_.d_model) *
+                         double(model_.vocab_size);
+  return backward ? 3.0 * forward : forward;
+}
+
 LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   forward(batch);
-  LossResult loss = backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
-                                          memory_.loss_tile_tokens, grad_scale, dhidden_,
-                                          gradient(lm_head_role()));
+  LossResult loss;
+  {
+    Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
+                          lm_head_flops(true));
+    loss = backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
+                                 memory_.loss_tile_tokens, grad_scale, dhidden_,
+                                 gradient(lm_head_role()));
+  }
   final_norm_backward(dhidden_);
   for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
     const LayerTensors weights = layer_view(layer, false);
     // The shared set still holds the last block's activations from the forward pass.
     // Recomputing writes the same bits into residuals_[layer + 1], no longer needed.
-    if (recompute_ && layer != model_.n_layers - 1)
+    if (recompute_ && layer != model_.n_layers - 1) {
+      Profiler::Scope recompute(backend_.profiler(), phase::kRecompute, Profiler::Kind::absorbing);
       block_.forward(weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0], scratch_);
+    }
     block_.backward(weights, layer_view(layer, true), shape_, residuals_[layer], activations(layer),
                     scratch_, dresidual_);
   }
-  backend_.embedding_backward(
-      gradient(R::token_embedding), gradient(R::position_embedding),
-      dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
-      shape_.pos_offset);
+  {
+    Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
+    backend_.embedding_backward(
+        gradient(R::token_embedding), gradient(R::position_embedding),
+        dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
+        shape_.pos_offset);
+  }
   state_.finish_backward();
   return loss;
 }
 
 LossResult Model::evaluate(const MicroBatch& batch) {
   forward(batch);
+  Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
+                        lm_head_flops(false));
   return backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
                                memory_.loss_tile_tokens, 1.0f, Tensor(), Tensor());
 }

@@ -75,6 +75,9 @@ class Model {
   // lm_head, or the token embedding it is tied to (gpt2).
   ParamRole lm_head_role() const;
   BlockActivations& activations(int layer);
+  // FLOPs of the fused LM head over this rank's tokens (backward: the two weight and input
+  // gradients on top).
+  double lm_head_flops(bool backward) const;
   void final_norm_forward();
   void final_norm_backward(const Tensor& dhidden);
 

@@ -9,6 +9,7 @@
 #include "core/job_agreement.h"
 #include "core/nonfinite.h"
 #include "core/stop_signal.h"
+#include "core/trace_file.h"
 #include "core/weights_io.h"
 #include "parallel/watchdog.h"
 
@@ -156,6 +157,8 @@ StepResult Trainer::train_step() {
   const TrainConfig& train = config_.train;
   const auto start = std::chrono::steady_clock::now();
   Comm& world = *mesh_.world;
+  Profiler& profiler = backend_.profiler();
+  Profiler::Scope step_scope(profiler, phase::kStep);
   if (Watchdog* watchdog = world.watchdog().get()) watchdog->set_step(step_ + 1);
 
   // Read every micro-batch first: the loss is a mean over all counted tokens of the global
@@ -163,13 +166,19 @@ StepResult Trainer::train_step() {
   set_phase("reading data");
   std::vector<MicroBatch> micro_batches;
   double counted = 0.0;
-  for (int micro = 0; micro < train.grad_accum; ++micro) {
-    int64_t first_sequence =
-        ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * train.batch_size;
-    micro_batches.push_back(read_micro_batch(*train_data_, first_sequence));
-    for (int32_t target : micro_batches.back().targets) counted += target >= 0 ? 1.0 : 0.0;
+  {
+    Profiler::Scope data(profiler, phase::kData);
+    for (int micro = 0; micro < train.grad_accum; ++micro) {
+      int64_t first_sequence =
+          ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * train.batch_size;
+      micro_batches.push_back(read_micro_batch(*train_data_, first_sequence));
+      for (int32_t target : micro_batches.back().targets) counted += target >= 0 ? 1.0 : 0.0;
+    }
   }
-  world.all_reduce_host(&counted, 1, ReduceOp::sum);
+  {
+    Profiler::Scope reduce(profiler, phase::kScalarAllReduce, Profiler::Kind::communication);
+    world.all_reduce_host(&counted, 1, ReduceOp::sum);
+  }
   if (counted == 0.0)
     throw std::runtime_error("the batch of step " + std::to_string(step_ + 1) +
                              " has no token with a target");
@@ -184,7 +193,10 @@ StepResult Trainer::train_step() {
     totals[2] += double(loss.correct);
   }
   set_phase("loss and gradient reduction");
-  world.all_reduce_host(totals, 3, ReduceOp::sum);
+  {
+    Profiler::Scope reduce(profiler, phase::kScalarAllReduce, Profiler::Kind::communication);
+    world.all_reduce_host(totals, 3, ReduceOp::sum);
+  }
 
   StepResult result;
   result.step = step_ + 1;
@@ -204,8 +216,11 @@ StepResult Trainer::train_step() {
   } else {
     set_phase("optimizer");
     skipped_in_a_row_ = 0;
-    optimizer_->update(state.master(), state.gradient_shard(), float(result.lr),
-                       clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+    {
+      Profiler::Scope optimizer(profiler, phase::kOptimizer);
+      optimizer_->update(state.master(), state.gradient_shard(), float(result.lr),
+                         clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
+    }
     state.publish_weights();
   }
   backend_.synchronize();
@@ -264,10 +279,73 @@ EvalResult Trainer::evaluate() {
   return result;
 }
 
-void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_seconds) {
+nlohmann::json Trainer::phases_max_json(const std::map<std::string, PhaseTotals>& phases) const {
+  const std::vector<std::string>& names = step_phases();
+  std::vector<double> seconds;
+  for (const std::string& name : names) {
+    auto found = phases.find(name);
+    seconds.push_back(found == phases.end() ? 0.0 : found->second.seconds);
+  }
+  mesh_.world->all_reduce_host(seconds.data(), int(seconds.size()), ReduceOp::max);
+  nlohmann::json object = nlohmann::json::object();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (seconds[i] > 0) object[names[i] == phase::kStep ? "other" : names[i]] = seconds[i];
+  return object;
+}
+
+void Trainer::start_profiling() {
+  Profiler& profiler = backend_.profiler();
+  verdict_context_.sp = mesh_.sp_size;
+  verdict_context_.limit_bytes = backend_.memory().limit();
+  // The all-to-all of one q tensor: B·Tl·H·d elements.
+  verdict_context_.bare_all_to_all_bytes = int64_t(config_.train.batch_size) * seq_local_ *
+                                           config_.model.d_model * int64_t(sizeof(float));
+  verdict_context_.bare_all_to_all_gbps =
+      measure_all_to_all_gbps(*mesh_.sp, backend_, verdict_context_.bare_all_to_all_bytes);
+  mesh_.world->barrier();
+  profiler.reset_origin();
+  profiler.take_totals();
+  profiler.take_trace();
+  profiler.set_trace(!config_.log.trace_file.empty());
+}
+
+Verdict Trainer::current_verdict() {
+  verdict_context_.peak_bytes = backend_.memory().stats().total_peak;
+  const std::map<std::string, PhaseTotals> mean = profile_.mean_over_ranks(*mesh_.world);
+  double step_seconds = profile_.seconds();
+  mesh_.world->all_reduce_host(&step_seconds, 1, ReduceOp::sum);
+  return judge(mean, step_seconds / mesh_.world->size(), verdict_context_);
+}
+
+void Trainer::finish_profiling() {
+  Profiler& profiler = backend_.profiler();
+  if (profiler.tracing()) {
+    const std::vector<TraceSpan> rest = profiler.take_trace();
+    trace_.insert(trace_.end(), rest.begin(), rest.end());
+  }
+  profiler.set_trace(false);
+  if (!config_.log.trace_file.empty()) {
+    write_trace_file(*mesh_.world, trace_, config_.log.trace_file);
+    if (mesh_.world->rank() == 0)
+      spdlog::info("trace of the first {} step(s) written to {}",
+                   std::min<int64_t>(config_.log.trace_steps, profile_.steps()),
+                   config_.log.trace_file);
+  }
+  if (profile_.steps() == 0) return;
+  const std::string table = profile_.table(*mesh_.world);
+  const Verdict verdict = current_verdict();
+  if (mesh_.world->rank() == 0) {
+    spdlog::info("{}", table.substr(0, table.size() - 1));
+    spdlog::info("verdict: {}: {}", verdict.kind, verdict.line);
+  }
+}
+
+void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_seconds,
+                       const std::map<std::string, PhaseTotals>& phases) {
   run_seconds_ += r.step_seconds;
   ++run_steps_;
   const MemoryStats& memory = backend_.memory().stats();
+  const nlohmann::json phases_max = phases_max_json(phases);  // collective: every rank
   if (metrics_) {
     nlohmann::json line = {{"step", r.step},
                            {"loss", r.loss},
@@ -283,6 +361,8 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
                            {"grad_comm_s", comm.reduce_seconds + comm.gather_seconds}};
     if (r.accuracy >= 0) line["accuracy"] = r.accuracy;
     if (r.skipped) line["skipped"] = true;
+    line["phases"] = phases_json(phases);
+    line["phases_max_s"] = phases_max;
     metrics_->write(line);
   }
   const int every = config_.log.every;
@@ -309,13 +389,27 @@ void Trainer::run() {
                    train.steps);
     return;
   }
+  start_profiling();
+  Profiler& profiler = backend_.profiler();
   while (step_ < train.steps) {
     backend_.memory().reset_peaks();
+    profiler.take_totals();  // evaluation and checkpoints between steps are not step phases
     CommStats before = sum_stats(comms);
     StepResult result = train_step();
+    const std::map<std::string, PhaseTotals> phases = profiler.take_totals();
+    profile_.add_step(phases, result.step_seconds);
+    if (profiler.tracing() && profile_.steps() == config_.log.trace_steps) {
+      trace_ = profiler.take_trace();
+      profiler.set_trace(false);
+    }
     CommStats comm = difference(sum_stats(comms), before);
     double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
-    log_step(result, comm, comm_seconds);
+    log_step(result, comm, comm_seconds, phases);
+    if (config_.log.verdict_every > 0 && step_ % config_.log.verdict_every == 0) {
+      const Verdict verdict = current_verdict();
+      if (mesh_.world->rank() == 0)
+        spdlog::info("verdict after step {}: {}: {}", step_, verdict.kind, verdict.line);
+    }
     if (train.eval_every > 0 && (step_ % train.eval_every == 0 || step_ == train.steps)) {
       set_phase("evaluation");
       EvalResult eval = evaluate();
@@ -345,10 +439,12 @@ void Trainer::run() {
                                             : "writing a checkpoint and exiting",
                      step_);
       if (!checkpoint.dir.empty()) save_checkpoint();
+      finish_profiling();
       return;
     }
     if (save_now) save_checkpoint();
   }
+  finish_profiling();
 }
 
 }  // namespace ulysses

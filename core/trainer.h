@@ -13,6 +13,7 @@
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/step_report.h"
 #include "data/dataset.h"
 #include "kernels/backend.h"
 #include "parallel/mesh.h"
@@ -70,7 +71,15 @@ class Trainer {
   void set_phase(const char* phase) const;
   // A non-finite loss or gradient norm: throws (abort, or too many skips) or logs a skip.
   void handle_nonfinite(const StepResult& result);
-  void log_step(const StepResult& result, const CommStats& comm_delta, double comm_seconds);
+  void log_step(const StepResult& result, const CommStats& comm_delta, double comm_seconds,
+                const std::map<std::string, PhaseTotals>& phases);
+  // Collective: every rank's time per step phase, max over the ranks (for the metrics file).
+  nlohmann::json phases_max_json(const std::map<std::string, PhaseTotals>& phases) const;
+  // Before the first step: traces line up, the bare all-to-all is measured for the verdict.
+  void start_profiling();
+  // After the last step: the table, the verdict and the trace file.
+  void finish_profiling();
+  Verdict current_verdict();
 
   const Config& config_;
   Backend& backend_;
@@ -84,6 +93,9 @@ class Trainer {
   int64_t step_ = 0;                 // optimizer steps taken
   std::optional<double> last_loss_;  // of the last step, when finite (recorded in checkpoints)
   int skipped_in_a_row_ = 0;
+  RunProfile profile_;  // the phases of this run's steps
+  VerdictContext verdict_context_;
+  std::vector<TraceSpan> trace_;  // of the first log.trace_steps steps
   double run_seconds_ = 0.0;
   int64_t run_steps_ = 0;
 };

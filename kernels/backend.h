@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/memory.h"
+#include "kernels/profiler.h"
 #include "kernels/tensor.h"
 
 namespace ulysses {
@@ -47,6 +48,8 @@ class Backend {
 
   MemoryTracker& memory() { return memory_; }
   const MemoryTracker& memory() const { return memory_; }
+  // Where the step's time goes (kernels/profiler.h), kept next to the memory it spends.
+  Profiler& profiler() { return profiler_; }
   Buffer alloc(MemCategory category, DType dtype, std::initializer_list<int64_t> dims,
                const std::string& what) {
     return Buffer(this, category, dtype, dims, what);
@@ -159,6 +162,7 @@ class Backend {
 
  private:
   MemoryTracker memory_;
+  Profiler profiler_;
 };
 
 // The device asked for is not there: a build without CUDA, or no usable GPU. Every rank

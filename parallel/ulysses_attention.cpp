@@ -11,6 +11,15 @@ char* bytes_at(const Tensor& tensor, int64_t byte_offset) {
   return static_cast<char*>(tensor.data) + byte_offset;
 }
 
+// Causal attention over N tokens for `heads` heads of dim d: QKᵀ and PV each 2·N²·d, halved
+// by the mask; backward recomputes the scores and forms four products, 2.5× forward.
+double attention_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t head_dim,
+                       bool backward) {
+  const double forward =
+      2.0 * double(batch) * double(heads) * double(tokens) * double(tokens) * double(head_dim);
+  return backward ? 2.5 * forward : forward;
+}
+
 }  // namespace
 
 UlyssesAttention::UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads, int n_kv_heads,
@@ -59,66 +68,108 @@ void UlyssesAttention::check_local(const Tensor& x, int heads, const char* what)
                                 ", " + std::to_string(head_dim_) + "]");
 }
 
-// x[B, Tl, Hx, d] → full[B, N, h, d], N = P·Tl, h heads per rank.
+// tokens → heads: x[B, Tl, Hx, d] → full[B, N, h, d], N = P·Tl, h heads per rank.
 //   pack:   send[p][b, t, :] = x[b, t, first_head(p) : first_head(p) + h, :]
 //   a2a:    recv[i] = rank i's send[me]
 //   unpack: full[b, i·Tl + t, :] = recv[i][b, t, :]
-void UlyssesAttention::tokens_to_heads(const Tensor& x, bool kv, const Tensor& full) {
-  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), N = P * Tl, heads = x.dim(2);
+HeadExchange UlyssesAttention::start_tokens_to_heads(const Tensor& x, bool kv, const Tensor& full) {
+  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), heads = x.dim(2);
   const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
-  const int64_t element = int64_t(dtype_size(x.dtype));
-  const int64_t head_bytes = head_dim_ * element;
+  const int64_t head_bytes = head_dim_ * int64_t(dtype_size(x.dtype));
   const int64_t block_bytes = B * Tl * h * head_bytes;  // one rank's share of the send buffer
 
-  Buffer send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                               "ulysses all-to-all send");
-  for (int p = 0; p < P; ++p)
-    backend_.copy_2d(bytes_at(send, p * block_bytes), h * head_bytes,
-                     bytes_at(x, first_head(p, kv) * head_bytes), heads * head_bytes,
-                     h * head_bytes, B * Tl);
-  Buffer recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                               "ulysses all-to-all recv");
-  comm_.all_to_all(send, recv);
-  send.reset();
-  for (int i = 0; i < P; ++i)
-    backend_.copy_2d(bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
-                     bytes_at(recv, i * block_bytes), Tl * h * head_bytes, Tl * h * head_bytes, B);
+  HeadExchange exchange;
+  exchange.kv = kv;
+  exchange.to_heads = true;
+  exchange.target = full;
+  {
+    Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
+    exchange.send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                                   "ulysses all-to-all send");
+    for (int p = 0; p < P; ++p)
+      backend_.copy_2d(bytes_at(exchange.send, p * block_bytes), h * head_bytes,
+                       bytes_at(x, first_head(p, kv) * head_bytes), heads * head_bytes,
+                       h * head_bytes, B * Tl);
+    exchange.recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                                   "ulysses all-to-all recv");
+  }
+  exchange.issued_at = backend_.profiler().now();
+  exchange.bytes = int64_t(exchange.send.tensor().bytes()) / P * (P - 1);
+  exchange.handle = comm_.all_to_all_async(exchange.send, exchange.recv);
+  return exchange;
 }
 
-// full[B, N, h, d] → x[B, Tl, Hx, d], the inverse of tokens_to_heads:
+// heads → tokens: full[B, N, h, d] → x[B, Tl, Hx, d], the inverse of tokens → heads:
 //   pack:   send[i][b, t, :] = full[b, i·Tl + t, :]
 //   a2a:    recv[p] = rank p's send[me]
 //   unpack: x[b, t, first_head(p) : first_head(p) + h, :] = recv[p][b, t, :]
 // With replicated kv heads, ranks p ∈ [g·r, (g+1)·r), r = P/Hkv, all return a gradient for kv
 // head g: their blocks are summed into it (the sum a single rank forms over those q heads).
-void UlyssesAttention::heads_to_tokens(const Tensor& full, bool kv, const Tensor& x) {
-  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), N = P * Tl, heads = x.dim(2);
+HeadExchange UlyssesAttention::start_heads_to_tokens(const Tensor& full, bool kv, const Tensor& x) {
+  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), N = P * Tl;
   const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
-  const int64_t element = int64_t(dtype_size(x.dtype));
-  const int64_t head_bytes = head_dim_ * element;
+  const int64_t head_bytes = head_dim_ * int64_t(dtype_size(x.dtype));
   const int64_t block_bytes = B * Tl * h * head_bytes;
 
-  Buffer send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                               "ulysses all-to-all send");
-  for (int i = 0; i < P; ++i)
-    backend_.copy_2d(bytes_at(send, i * block_bytes), Tl * h * head_bytes,
-                     bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
-                     Tl * h * head_bytes, B);
-  Buffer recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                               "ulysses all-to-all recv");
-  comm_.all_to_all(send, recv);
-  send.reset();
-
-  const Tensor& blocks = recv.tensor();  // [P, B, Tl, h·d]
-  const bool sum_replicas = kv && kv_replicated_;
-  const int ranks_per_head = sum_replicas ? int(P / n_kv_heads_) : 1;
-  for (int p = 0; p < P; p += ranks_per_head) {
-    Tensor block = blocks.slice_rows(p, p + 1);
-    for (int j = 1; j < ranks_per_head; ++j)
-      backend_.axpy(block, blocks.slice_rows(p + j, p + j + 1), 1.0f);
-    backend_.copy_2d(bytes_at(x, first_head(p, kv) * head_bytes), heads * head_bytes, block.data,
-                     h * head_bytes, h * head_bytes, B * Tl);
+  HeadExchange exchange;
+  exchange.kv = kv;
+  exchange.to_heads = false;
+  exchange.target = x;
+  {
+    Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
+    exchange.send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                                   "ulysses all-to-all send");
+    for (int i = 0; i < P; ++i)
+      backend_.copy_2d(bytes_at(exchange.send, i * block_bytes), Tl * h * head_bytes,
+                       bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
+                       Tl * h * head_bytes, B);
+    exchange.recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
+                                   "ulysses all-to-all recv");
   }
+  exchange.issued_at = backend_.profiler().now();
+  exchange.bytes = int64_t(exchange.send.tensor().bytes()) / P * (P - 1);
+  exchange.handle = comm_.all_to_all_async(exchange.send, exchange.recv);
+  return exchange;
+}
+
+void UlyssesAttention::finish(HeadExchange& exchange) {
+  Profiler& profiler = backend_.profiler();
+  {
+    Profiler::Scope wait(profiler, phase::kAllToAllWait, Profiler::Kind::communication,
+                         exchange.bytes);
+    exchange.handle->wait();
+  }
+  profiler.record_in_flight(phase::kAllToAllInFlight, exchange.issued_at, profiler.now(),
+                            exchange.bytes);
+  exchange.handle.reset();
+  exchange.send.reset();
+
+  Profiler::Scope copies(profiler, phase::kAllToAllCopies);
+  const Tensor& blocks = exchange.recv.tensor();  // [P, B, Tl, h·d]
+  const Tensor& target = exchange.target;
+  const int64_t P = comm_.size();
+  const int64_t h = exchange.kv ? kv_heads_per_rank_ : heads_per_rank_;
+  const int64_t head_bytes = head_dim_ * int64_t(dtype_size(blocks.dtype));
+  if (exchange.to_heads) {
+    const int64_t B = target.dim(0), N = target.dim(1), Tl = N / P;
+    const int64_t block_bytes = B * Tl * h * head_bytes;
+    for (int i = 0; i < P; ++i)
+      backend_.copy_2d(bytes_at(target, i * Tl * h * head_bytes), N * h * head_bytes,
+                       bytes_at(blocks, i * block_bytes), Tl * h * head_bytes, Tl * h * head_bytes,
+                       B);
+  } else {
+    const int64_t B = target.dim(0), Tl = target.dim(1), heads = target.dim(2);
+    const bool sum_replicas = exchange.kv && kv_replicated_;
+    const int ranks_per_head = sum_replicas ? int(P / n_kv_heads_) : 1;
+    for (int p = 0; p < P; p += ranks_per_head) {
+      Tensor block = blocks.slice_rows(p, p + 1);
+      for (int j = 1; j < ranks_per_head; ++j)
+        backend_.axpy(block, blocks.slice_rows(p + j, p + j + 1), 1.0f);
+      backend_.copy_2d(bytes_at(target, first_head(p, exchange.kv) * head_bytes),
+                       heads * head_bytes, block.data, h * head_bytes, h * head_bytes, B * Tl);
+    }
+  }
+  exchange.recv.reset();
 }
 
 void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -138,7 +189,12 @@ void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v
   if (comm_.size() == 1) {
     state.lse =
         backend_.alloc(MemCategory::attention, DType::f32, {B, n_heads_, Tl}, "attention lse");
-    backend_.attention_forward(out, state.lse, q, k, v);
+    {
+      Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward,
+                              Profiler::Kind::compute, 0,
+                              attention_flops(B, Tl, n_heads_, head_dim_, false));
+      backend_.attention_forward(out, state.lse, q, k, v);
+    }
     state.q = q;
     state.k = k;
     state.v = v;
@@ -149,20 +205,24 @@ void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v
   const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
   state.q_owned = backend_.alloc(MemCategory::attention, q.dtype, {B, N, h, head_dim_},
                                  "ulysses q (all tokens, heads of this rank)");
-  tokens_to_heads(q, false, state.q_owned);
+  exchange_now(start_tokens_to_heads(q, false, state.q_owned));
   state.k_owned = backend_.alloc(MemCategory::attention, k.dtype, {B, N, hk, head_dim_},
                                  "ulysses k (all tokens, kv heads of this rank)");
-  tokens_to_heads(k, true, state.k_owned);
+  exchange_now(start_tokens_to_heads(k, true, state.k_owned));
   state.v_owned = backend_.alloc(MemCategory::attention, v.dtype, {B, N, hk, head_dim_},
                                  "ulysses v (all tokens, kv heads of this rank)");
-  tokens_to_heads(v, true, state.v_owned);
+  exchange_now(start_tokens_to_heads(v, true, state.v_owned));
 
   state.out_owned = backend_.alloc(MemCategory::attention, q.dtype, {B, N, h, head_dim_},
                                    "ulysses out (all tokens, heads of this rank)");
   state.lse = backend_.alloc(MemCategory::attention, DType::f32, {B, h, N}, "attention lse");
-  backend_.attention_forward(state.out_owned, state.lse, state.q_owned, state.k_owned,
-                             state.v_owned);
-  heads_to_tokens(state.out_owned, false, out);
+  {
+    Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward, Profiler::Kind::compute,
+                            0, attention_flops(B, N, h, head_dim_, false));
+    backend_.attention_forward(state.out_owned, state.lse, state.q_owned, state.k_owned,
+                               state.v_owned);
+  }
+  exchange_now(start_heads_to_tokens(state.out_owned, false, out));
 
   state.q = state.q_owned;
   state.k = state.k_owned;
@@ -186,6 +246,8 @@ void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state,
                                   dv.shape_string() + " disagree on B or T");
 
   if (comm_.size() == 1) {
+    Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
+                            0, attention_flops(B, Tl, n_heads_, head_dim_, true));
     backend_.attention_backward(dq, dk, dv, dout, state.q, state.k, state.v, state.out, state.lse);
     return;
   }
@@ -193,21 +255,25 @@ void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state,
   const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
   Buffer dout_full = backend_.alloc(MemCategory::attention, dout.dtype, {B, N, h, head_dim_},
                                     "ulysses dout (all tokens, heads of this rank)");
-  tokens_to_heads(dout, false, dout_full);
+  exchange_now(start_tokens_to_heads(dout, false, dout_full));
   Buffer dq_full = backend_.alloc(MemCategory::attention, dq.dtype, {B, N, h, head_dim_},
                                   "ulysses dq (all tokens, heads of this rank)");
   Buffer dk_full = backend_.alloc(MemCategory::attention, dk.dtype, {B, N, hk, head_dim_},
                                   "ulysses dk (all tokens, kv heads of this rank)");
   Buffer dv_full = backend_.alloc(MemCategory::attention, dv.dtype, {B, N, hk, head_dim_},
                                   "ulysses dv (all tokens, kv heads of this rank)");
-  backend_.attention_backward(dq_full, dk_full, dv_full, dout_full, state.q, state.k, state.v,
-                              state.out, state.lse);
+  {
+    Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
+                            0, attention_flops(B, N, h, head_dim_, true));
+    backend_.attention_backward(dq_full, dk_full, dv_full, dout_full, state.q, state.k, state.v,
+                                state.out, state.lse);
+  }
   dout_full.reset();
-  heads_to_tokens(dq_full, false, dq);
+  exchange_now(start_heads_to_tokens(dq_full, false, dq));
   dq_full.reset();
-  heads_to_tokens(dk_full, true, dk);
+  exchange_now(start_heads_to_tokens(dk_full, true, dk));
   dk_full.reset();
-  heads_to_tokens(dv_full, true, dv);
+  exchange_now(start_heads_to_tokens(dv_full, true, dv));
 }
 
 }  // namespace ulysses

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/backend.h"
+#include "kernels/profiler.h"
 #include "parallel/comm.h"
 
 namespace ulysses {
@@ -15,6 +16,19 @@ namespace ulysses {
 struct AttentionState {
   Buffer q_owned, k_owned, v_owned, out_owned, lse;
   Tensor q, k, v, out;
+};
+
+// One all-to-all between the token layout [B, Tl, Hx, d] and the head layout [B, N, h, d],
+// issued and not yet finished: the schedule may place work between start and finish.
+struct HeadExchange {
+  Buffer send, recv;
+  Tensor target;         // what finish() fills
+  bool kv = false;       // kv heads (k, v and their gradients) rather than q heads
+  bool to_heads = true;  // tokens → heads, or back
+  double issued_at = 0;  // profiler time of the issue
+  int64_t bytes = 0;     // sent by this rank to the others
+  // Last, so that it is destroyed first: a dropped exchange waits before its buffers go.
+  CommHandle handle;
 };
 
 class UlyssesAttention {
@@ -32,19 +46,23 @@ class UlyssesAttention {
   void backward(const Tensor& dout, const AttentionState& state, const Tensor& dq, const Tensor& dk,
                 const Tensor& dv);
 
+  // The two halves of each all-to-all. start_*: packs x (or full) into a send buffer and
+  // issues the exchange; finish: waits for it and unpacks into the target (with replicated
+  // kv heads, heads → tokens sums the replicas' gradients).
+  //   tokens → heads: x[B, Tl, Hx, d] → full[B, N, h, d], h = heads_per_rank() (kv:
+  //   kv_heads_per_rank()) heads → tokens: full[B, N, h, d] → x[B, Tl, Hx, d]
+  HeadExchange start_tokens_to_heads(const Tensor& x, bool kv, const Tensor& full);
+  HeadExchange start_heads_to_tokens(const Tensor& full, bool kv, const Tensor& x);
+  void finish(HeadExchange& exchange);
+
   int heads_per_rank() const { return heads_per_rank_; }
   // kv heads each rank holds during attention: Hkv/P when split, 1 when replicated.
   int kv_heads_per_rank() const { return kv_heads_per_rank_; }
   bool kv_replicated() const { return kv_replicated_; }
 
  private:
-  // Sequence-local → head-split. x[B, Tl, Hx, d] (q-like, or kv-like when kv); rank p
-  // receives heads [first_head(p), first_head(p) + h) of every rank's tokens: full[B, N, h, d]
-  // with h = heads_per_rank() (kv_heads_per_rank() when kv).
-  void tokens_to_heads(const Tensor& x, bool kv, const Tensor& full);
-  // Head-split → sequence-local: the inverse, full[B, N, h, d] → x[B, Tl, Hx, d]. With
-  // replicated kv heads several ranks return a gradient for the same kv head: they are summed.
-  void heads_to_tokens(const Tensor& full, bool kv, const Tensor& x);
+  // Both halves at once, where nothing is placed between them.
+  void exchange_now(HeadExchange pending) { finish(pending); }
   // First head of x's head axis that rank p works on.
   int first_head(int p, bool kv) const;
   void check_local(const Tensor& x, int heads, const char* what) const;

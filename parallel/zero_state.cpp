@@ -67,6 +67,8 @@ Tensor ZeroState::weights(int unit) {
   const Tensor gathered = gathered_.tensor().flat_range(0, u.block * layout_.world());
   if (gathered_unit_ != unit) {
     const Tensor& source = compute_copy_.empty() ? master_.tensor() : compute_copy_.tensor();
+    Profiler::Scope wait(backend_.profiler(), phase::kWeightGatherWait,
+                         Profiler::Kind::communication, int64_t(gathered.bytes()));
     world_.all_gather(shard_block(source, unit), gathered);
     gathered_unit_ = unit;
   }
@@ -96,6 +98,8 @@ void ZeroState::finish_backward() {
 }
 
 void ZeroState::reduce_unit(int unit, const Tensor& padded_source) {
+  Profiler::Scope wait(backend_.profiler(), phase::kGradientReductionWait,
+                       Profiler::Kind::communication, int64_t(padded_source.bytes()));
   const Tensor target = shard_block(grad_shard_, unit);
   if (!reduced_[size_t(unit)]) {
     world_.reduce_scatter(padded_source, target, ReduceOp::sum);
@@ -119,6 +123,8 @@ void ZeroState::reduce_gradients() {
   if (staging_unit_ >= 0)
     throw std::logic_error("ZeroState: reduce_gradients before finish_backward");
   if (stage_ == 0) {
+    Profiler::Scope wait(backend_.profiler(), phase::kGradientReductionWait,
+                         Profiler::Kind::communication, int64_t(whole_grads_.tensor().bytes()));
     if (world_.size() > 1) world_.all_reduce(whole_grads_, ReduceOp::sum);
   } else if (stage_ == 1) {
     for (size_t unit = 0; unit < layout_.units().size(); ++unit)
@@ -145,6 +151,8 @@ void ZeroState::publish_weights() {
   if (stage_ == 0) {
     if (!compute_copy_.empty()) backend_.cast(compute_copy_, whole_weights_);
   } else if (stage_ <= 2) {
+    Profiler::Scope wait(backend_.profiler(), phase::kWeightGatherWait,
+                         Profiler::Kind::communication, int64_t(whole_weights_.tensor().bytes()));
     for (size_t unit = 0; unit < layout_.units().size(); ++unit) {
       const Tensor master_block = shard_block(master_, int(unit));
       const Tensor target = padded_unit(whole_weights_, int(unit));

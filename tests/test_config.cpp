@@ -128,6 +128,7 @@ const std::vector<BadConfig> kBadConfigs = {
     {"unknown non-finite policy", "train:\n  on_nonfinite: ignore\n", "train.on_nonfinite", 2,
      "abort or skip"},
     {"no skips allowed", "train:\n  max_skipped_steps: 0\n", "train.max_skipped_steps", 2, ">= 1"},
+    {"no traced steps", "log:\n  trace_steps: 0\n", "log.trace_steps", 2, ">= 1"},
     {"negative watchdog timeout", "parallel:\n  timeout_s: -1\n", "parallel.timeout_s", 2, ">= 0"},
     {"model too wide", "model:\n  d_model: 1073741824\n  n_heads: 4\n  d_ff: 64\n", "model.d_model",
      2, "supports at most 2^40"},
@@ -309,6 +310,9 @@ memory:
 log:
   every: 5
   metrics_file: metrics.jsonl
+  trace_file: trace.json
+  trace_steps: 3
+  verdict_every: 50
 )";
   Config c = parse_config(yaml, {}, "round.yaml");
   std::string resolved = config_to_yaml(c);
@@ -360,6 +364,9 @@ log:
   EXPECT_EQ(back.kernels.attention, "native");
   EXPECT_EQ(back.log.every, 5);
   EXPECT_EQ(back.log.metrics_file, "metrics.jsonl");
+  EXPECT_EQ(back.log.trace_file, "trace.json");
+  EXPECT_EQ(back.log.trace_steps, 3);
+  EXPECT_EQ(back.log.verdict_every, 50);
 }
 
 TEST(Config, ResolvedYamlListsEveryKey) {
@@ -477,8 +484,7 @@ TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"parallel:\n  head_chunks: 2\n", "parallel.head_chunks"},
       {"parallel:\n  overlap: true\n", "parallel.overlap"},
-      {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"},
-      {"log:\n  trace_file: trace.json\n", "log.trace_file"}};
+      {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"}};
   for (const auto& [yaml, key] : cases) {
     try {
       parse_config(yaml, {}, "c.yaml");

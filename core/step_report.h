@@ -1,0 +1,73 @@
+// What the phases of the steps say about a run (docs/profiling.md): each step's phases for
+// the metrics file, the end-of-run table over the ranks (share of the step, max over ranks,
+// slowest rank) and a one-line verdict on what bounds the run, with the numbers behind it
+// and what to try.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/profiler.h"
+#include "parallel/comm.h"
+
+namespace ulysses {
+
+// Every phase of a step, in table order (kernels/profiler.h). The in-flight spans of
+// collectives overlap these and are not among them.
+const std::vector<std::string>& step_phases();
+
+// {"qkv projection": {"s": seconds, "bytes": bytes, "flops": flops}, ...} for the phases that
+// ran.
+nlohmann::json phases_json(const std::map<std::string, PhaseTotals>& totals);
+
+// What the verdict needs besides the phases.
+struct VerdictContext {
+  double bare_all_to_all_gbps = 0.0;  // measured at start-up on the sp group; 0 when sp = 1
+  int64_t bare_all_to_all_bytes = 0;  // the message size it was measured with
+  int64_t peak_bytes = 0;             // tracked, this rank
+  int64_t limit_bytes = 0;            // memory.limit_gib; 0 = none
+  int sp = 1;
+};
+
+struct Verdict {
+  std::string kind;  // communication-bound | compute-bound | memory-bound | overhead-bound
+  std::string line;  // the numbers behind it and what to try
+};
+
+// The kind and its line from one rank's totals over some steps (time per phase and the
+// in-flight collectives), the steps' wall time, and the context.
+Verdict judge(const std::map<std::string, PhaseTotals>& totals, double step_seconds,
+              const VerdictContext& context);
+
+// Sums the phases of the steps of a run on this rank.
+class RunProfile {
+ public:
+  void add_step(const std::map<std::string, PhaseTotals>& totals, double step_seconds);
+  const std::map<std::string, PhaseTotals>& totals() const { return totals_; }
+  double seconds() const { return seconds_; }
+  int64_t steps() const { return steps_; }
+
+  // Collective over world: the end-of-run table (rank 0; "" elsewhere): per phase the mean
+  // seconds per step over the ranks and its share of the step, the max over ranks and the
+  // slowest rank.
+  std::string table(Comm& world) const;
+  // Collective: the totals of the step phases and the all-to-alls in flight, averaged over the
+  // ranks (what the verdict judges).
+  std::map<std::string, PhaseTotals> mean_over_ranks(Comm& world) const;
+
+ private:
+  std::map<std::string, PhaseTotals> totals_;
+  double seconds_ = 0.0;
+  int64_t steps_ = 0;
+};
+
+// Collective over comm: the bandwidth of a bare all-to-all of `bytes` per rank (this rank's
+// send buffer), best of a few repetitions, in GB/s counted like CommStats (bytes sent to
+// other ranks per second). 0 for a one-rank comm.
+double measure_all_to_all_gbps(Comm& comm, Backend& backend, int64_t bytes);
+
+}  // namespace ulysses
