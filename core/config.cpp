@@ -88,6 +88,8 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(parallel.head_chunks),
       ULYSSES_FIELD(parallel.overlap),
       ULYSSES_FIELD(parallel.bucket_mb),
+      ULYSSES_FIELD(parallel.prefetch),
+      ULYSSES_FIELD(parallel.progress_thread),
       ULYSSES_FIELD(parallel.device_comm),
       ULYSSES_FIELD(parallel.timeout_s),
       ULYSSES_FIELD(memory.activation_checkpointing),
@@ -610,6 +612,7 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   check.positive("parallel.bucket_mb", c.parallel.bucket_mb);
   check.choice("parallel.device_comm", c.parallel.device_comm, {"auto", "nccl", "mpi"});
   check.at_least("parallel.timeout_s", c.parallel.timeout_s, 0.0);
+  check.choice("parallel.progress_thread", c.parallel.progress_thread, {"auto", "on", "off"});
 
   check.choice("memory.activation_checkpointing", c.memory.activation_checkpointing,
                {"none", "layer"});

@@ -69,8 +69,14 @@ struct ParallelConfig {
   int head_chunks = 1;
   bool overlap = false;
   double bucket_mb = 25.0;
+  // ZeRO-3 gathers the next unit while this one computes, and ZeRO-2/3 reduce a unit's
+  // gradient while the next one computes its backward (one more unit of memory each).
+  bool prefetch = true;
   // How device buffers travel between ranks (cuda): auto | nccl | mpi (staged through the host).
   std::string device_comm = "auto";
+  // A thread per rank that drives MPI's progress while compute runs: auto (when a rank has
+  // two or more cores), on, off. It takes one of the rank's cores from the compute threads.
+  std::string progress_thread = "auto";
   // Watchdog: a rank that waits longer than this in a collective ends the job (0 = off).
   double timeout_s = 600.0;
 };

@@ -53,7 +53,9 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
       table_(config.model),
       shape_{batch, seq_local, int64_t(sp_comm.rank()) * seq_local},
       state_(backend, world, config.parallel.zero_stage,
-             shard_unit_ends(table_, bucket_elements(config.parallel.bucket_mb))),
+             shard_unit_ends(table_, bucket_elements(config.parallel.bucket_mb)),
+             config.parallel.prefetch ? 2 : 1),
+      prefetch_(config.parallel.prefetch),
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim()),
       block_(config.model, backend, attention_),
@@ -122,22 +124,25 @@ void Model::zero_grads() {
   state_.zero_gradients();
 }
 
-Model::UnitWindow Model::unit_window(int64_t element, bool gradients) {
-  const int unit = state_.layout().unit_of(element);
-  return {gradients ? state_.gradients(unit) : state_.weights(unit),
-          state_.layout().units()[size_t(unit)].begin};
+int Model::unit_of(ParamRole role) const {
+  return state_.layout().unit_of(table_.find(role).offset);
 }
 
-Tensor Model::outside_blocks(ParamRole role, bool gradients) {
+int Model::layer_unit(int layer) const {
+  return state_.layout().unit_of(table_.layer_range(layer).first);
+}
+
+Tensor Model::outside_blocks(ParamRole role, bool gradients) const {
   if (!table_.has(role)) return Tensor();
-  const ParamSpec& spec = table_.find(role);
-  const UnitWindow window = unit_window(spec.offset, gradients);
-  return table_.view(window.tensor, window.begin, spec);
+  const int unit = unit_of(role);
+  const Tensor window = gradients ? state_.gradients(unit) : state_.weights(unit);
+  return table_.view(window, state_.layout().units()[size_t(unit)].begin, table_.find(role));
 }
 
-LayerTensors Model::layer_view(int index, bool gradients) {
-  const UnitWindow window = unit_window(table_.layer_range(index).first, gradients);
-  return layer_tensors(table_, window.tensor, window.begin, index);
+LayerTensors Model::layer_view(int index, bool gradients) const {
+  const int unit = layer_unit(index);
+  const Tensor window = gradients ? state_.gradients(unit) : state_.weights(unit);
+  return layer_tensors(table_, window, state_.layout().units()[size_t(unit)].begin, index);
 }
 
 ParamRole Model::lm_head_role() const {
@@ -148,21 +153,37 @@ BlockActivations& Model::activations(int layer) {
   return acts_[recompute_ ? 0 : layer];
 }
 
-void Model::forward(const MicroBatch& batch) {
+std::vector<int> Model::unit_plan(bool backward) const {
+  std::vector<int> plan = {unit_of(R::token_embedding)};
+  for (int layer = 0; layer < model_.n_layers; ++layer) plan.push_back(layer_unit(layer));
+  plan.push_back(unit_of(R::final_norm_weight));
+  plan.push_back(unit_of(lm_head_role()));
+  if (!backward) return plan;
+  plan.push_back(unit_of(R::final_norm_weight));
+  for (int layer = model_.n_layers - 1; layer >= 0; --layer) plan.push_back(layer_unit(layer));
+  plan.push_back(unit_of(R::token_embedding));
+  return plan;
+}
+
+void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   if (batch.batch != shape_.batch || batch.seq_local != shape_.seq_local ||
       batch.pos_offset != shape_.pos_offset)
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
   backend_.upload(tokens_, batch.inputs.data());
   backend_.upload(targets_, batch.targets.data());
+  weights.take(unit_of(R::token_embedding));
   {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_forward(
         residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
         weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
   }
-  for (int layer = 0; layer < model_.n_layers; ++layer)
+  for (int layer = 0; layer < model_.n_layers; ++layer) {
+    weights.take(layer_unit(layer));
     block_.forward(layer_view(layer, false), shape_, residuals_[layer], residuals_[layer + 1],
                    activations(layer), scratch_);
+  }
+  weights.take(unit_of(R::final_norm_weight));
   final_norm_forward();
 }
 
@@ -197,7 +218,16 @@ double Model::lm_head_flops(bool backward) const {
 }
 
 LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
-  forward(batch);
+  // Every unit's weights are taken in this order; with prefetch, taking one starts the
+  // gather of the next (ZeRO-3), and a unit's gradient reduction (ZeRO-2/3) travels while
+  // the units before it compute their backward.
+  WeightPipeline weights(state_, unit_plan(true), prefetch_ ? 1 : 0);
+  GradientPipeline grads(state_);
+  forward(batch, weights);
+
+  // The LM head's loss gives its weight gradient and d(final norm output) at once.
+  weights.take(unit_of(lm_head_role()));
+  grads.take(unit_of(lm_head_role()));
   LossResult loss;
   {
     Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
@@ -206,18 +236,27 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
                                  memory_.loss_tile_tokens, grad_scale, dhidden_,
                                  gradient(lm_head_role()));
   }
+  weights.take(unit_of(R::final_norm_weight));
+  grads.take(unit_of(R::final_norm_weight));
   final_norm_backward(dhidden_);
+
   for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
-    const LayerTensors weights = layer_view(layer, false);
+    weights.take(layer_unit(layer));
+    grads.take(layer_unit(layer));
+    const LayerTensors layer_weights = layer_view(layer, false);
     // The shared set still holds the last block's activations from the forward pass.
     // Recomputing writes the same bits into residuals_[layer + 1], no longer needed.
     if (recompute_ && layer != model_.n_layers - 1) {
       Profiler::Scope recompute(backend_.profiler(), phase::kRecompute, Profiler::Kind::absorbing);
-      block_.forward(weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0], scratch_);
+      block_.forward(layer_weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0],
+                     scratch_);
     }
-    block_.backward(weights, layer_view(layer, true), shape_, residuals_[layer], activations(layer),
-                    scratch_, dresidual_);
+    block_.backward(layer_weights, layer_view(layer, true), shape_, residuals_[layer],
+                    activations(layer), scratch_, dresidual_);
   }
+
+  weights.take(unit_of(R::token_embedding));
+  grads.take(unit_of(R::token_embedding));
   {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_backward(
@@ -225,12 +264,15 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
         dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
         shape_.pos_offset);
   }
-  state_.finish_backward();
+  grads.finish();
+  weights.finish();
   return loss;
 }
 
 LossResult Model::evaluate(const MicroBatch& batch) {
-  forward(batch);
+  WeightPipeline weights(state_, unit_plan(false), prefetch_ ? 1 : 0);
+  forward(batch, weights);
+  weights.take(unit_of(lm_head_role()));
   Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
                         lm_head_flops(false));
   return backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,

@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "core/layers.h"
 #include "core/params.h"
+#include "core/unit_pipeline.h"
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "parallel/ulysses_attention.h"
@@ -51,27 +52,29 @@ class Model {
   void download_gradients(float* host);
   void zero_grads();
 
-  // Forward, fused loss and backward; gradients accumulate (scaled by grad_scale).
+  // The step's schedule for one micro-batch: forward, fused loss and backward, with every
+  // weight gather and gradient reduction placed where it is issued and waited for;
+  // gradients accumulate (scaled by grad_scale).
   LossResult forward_backward(const MicroBatch& batch, float grad_scale);
   // Forward and loss only.
   LossResult evaluate(const MicroBatch& batch);
 
  private:
-  void forward(const MicroBatch& batch);
-  // Views of the weights (or gradients) that forward/backward use, through the ZeRO state:
-  // a tensor outside the blocks (empty when the family has none), or one layer's tensors.
-  // Under ZeRO-3 a weight view is valid until the weights of another unit are asked for,
-  // so every backend call takes the weights of one unit (the tensors before the first
-  // layer form one unit, those after the last another).
-  struct UnitWindow {
-    Tensor tensor;  // the unit's elements
-    int64_t begin;  // flat index of its first element
-  };
-  UnitWindow unit_window(int64_t element, bool gradients);
-  Tensor outside_blocks(ParamRole role, bool gradients);
-  Tensor weight(ParamRole role) { return outside_blocks(role, false); }
-  Tensor gradient(ParamRole role) { return outside_blocks(role, true); }
-  LayerTensors layer_view(int index, bool gradients);
+  // The units in the order a pass uses them: embedding, layers, final norm, LM head, and
+  // with backward the final norm, the layers in reverse and the embedding again.
+  std::vector<int> unit_plan(bool backward) const;
+  // The forward of a micro-batch through the final norm, taking each unit from weights.
+  void forward(const MicroBatch& batch, WeightPipeline& weights);
+  // Views of the weights (or gradients) that forward/backward use: a tensor outside the
+  // blocks (empty when the family has none), or one layer's tensors. They read the ZeRO
+  // state passively: the unit must have been taken from the pipelines (under ZeRO-3 its
+  // gather waited for; under stages 2-3 its gradient staged).
+  int unit_of(ParamRole role) const;
+  int layer_unit(int layer) const;
+  Tensor outside_blocks(ParamRole role, bool gradients) const;
+  Tensor weight(ParamRole role) const { return outside_blocks(role, false); }
+  Tensor gradient(ParamRole role) const { return outside_blocks(role, true); }
+  LayerTensors layer_view(int index, bool gradients) const;
   // lm_head, or the token embedding it is tied to (gpt2).
   ParamRole lm_head_role() const;
   BlockActivations& activations(int layer);
@@ -87,6 +90,7 @@ class Model {
   ParamTable table_;
   BlockShape shape_;
   ZeroState state_;
+  bool prefetch_;  // parallel.prefetch: gathers and reductions travel while other units compute
   UlyssesAttention attention_;
   Block block_;
 

@@ -21,6 +21,7 @@
 #include "parallel/device_comm.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/progress_thread.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {
@@ -30,12 +31,35 @@ int64_t memory_limit_bytes(const Config& config) {
   return int64_t(config.memory.limit_gib * 1024.0 * 1024.0 * 1024.0);
 }
 
-// Each rank takes its share of the node's cores unless the user set thread counts.
-void set_threads(Backend& backend, Comm& world) {
-  int ranks_here = ranks_on_this_node(world);
+// Cores of this node for each of its ranks.
+int cores_per_rank(Comm& world) {
+  const int ranks_here = std::max(1, ranks_on_this_node(world));
+  return std::max(1, int(std::thread::hardware_concurrency()) / ranks_here);
+}
+
+// parallel.progress_thread: auto runs one where a rank has a core to spare for it (a local
+// choice: it changes when collectives advance, never what they compute). Returns whether it
+// runs; "on" where it cannot is refused on every rank.
+bool start_progress_thread(Comm& world, const std::string& setting, int cores) {
+  auto* mpi = dynamic_cast<MpiComm*>(&world);
+  const bool possible = world.size() > 1 && mpi && mpi_thread_multiple();
+  std::string error;
+  if (setting == "on" && !possible)
+    error = world.size() == 1 ? "parallel.progress_thread: on, but the job has one rank: "
+                                "nothing travels between ranks; use auto or off"
+                              : "parallel.progress_thread: on, but this MPI library did not "
+                                "grant MPI_THREAD_MULTIPLE; use auto or off";
+  agree_on_failure(world, error, ExitCode::bad_input);
+  const bool start = possible && (setting == "on" || (setting == "auto" && cores >= 2));
+  if (start) mpi->start_progress_thread();
+  return start;
+}
+
+// Each rank takes its share of the node's cores, less the one a progress thread runs on,
+// unless the user set thread counts.
+void set_threads(Backend& backend, int cores, bool progress_thread) {
   if (std::getenv("OMP_NUM_THREADS")) return;
-  int cores = int(std::thread::hardware_concurrency());
-  backend.set_num_threads(std::max(1, cores / std::max(1, ranks_here)));
+  backend.set_num_threads(std::max(1, cores - (progress_thread ? 1 : 0)));
 }
 
 // Prints the resolved config, the parameter count and the tracked bytes per category of
@@ -140,6 +164,10 @@ void run_job(const JobOptions& options, Comm& world) {
     return;
   }
 
+  // Before any split: communicators split from world share its progress thread.
+  const int cores = cores_per_rank(world);
+  const bool progress_thread = start_progress_thread(world, config.parallel.progress_thread, cores);
+
   // MPI carries host buffers; device buffers travel over NCCL or are staged through the host.
   Comm* compute_world = &world;
   std::unique_ptr<Comm> device_world;
@@ -152,11 +180,13 @@ void run_job(const JobOptions& options, Comm& world) {
                    choice.reason);
   }
   Mesh mesh = make_mesh(*compute_world, config.parallel.sp);
-  set_threads(*backend, world);
+  set_threads(*backend, cores, progress_thread);
   if (world.rank() == 0)
-    spdlog::info("ulysses-train {}: {} model, world {} = dp {} x sp {}, ZeRO stage {}, device {}",
-                 ulysses_version(), config.model.family, world.size(), mesh.dp_size, mesh.sp_size,
-                 world.size() > 1 ? config.parallel.zero_stage : 0, backend->name());
+    spdlog::info(
+        "ulysses-train {}: {} model, world {} = dp {} x sp {}, ZeRO stage {}, device {}, {}",
+        ulysses_version(), config.model.family, world.size(), mesh.dp_size, mesh.sp_size,
+        world.size() > 1 ? config.parallel.zero_stage : 0, backend->name(),
+        progress_thread ? "a progress thread per rank" : "no progress thread");
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";

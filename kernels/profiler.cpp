@@ -4,8 +4,6 @@
 
 namespace ulysses {
 
-Profiler::Profiler() : origin_(std::chrono::steady_clock::now()) {}
-
 void Profiler::reset_origin() {
   origin_ = std::chrono::steady_clock::now();
 }

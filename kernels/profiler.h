@@ -59,7 +59,8 @@ class Profiler {
   static constexpr int kComputeTrack = 0;
   static constexpr int kCommTrack = 1;
 
-  Profiler();
+  // Inline: the backends construct one without linking this library's objects.
+  Profiler() : origin_(std::chrono::steady_clock::now()) {}
 
   // Times from now on are measured from here (ranks call it right after a barrier, so
   // their traces line up).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "parallel/comm_checks.h"
+#include "parallel/progress_thread.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {
@@ -131,7 +132,9 @@ MPI_Comm native_with_errors_returned(MPI_Comm comm, const std::string& comm_name
 class MpiComm::Request final : public CommRequest {
  public:
   Request(const MpiComm& comm, const char* collective, double* seconds)
-      : comm_(comm), collective_(collective), seconds_(seconds), start_(Clock::now()) {}
+      : comm_(comm), collective_(collective), seconds_(seconds), start_(Clock::now()) {
+    if (comm_.progress_) comm_.progress_->started();
+  }
 
   // MPI does not allow abandoning a collective, so a handle dropped without wait() waits.
   ~Request() override {
@@ -155,6 +158,7 @@ class MpiComm::Request final : public CommRequest {
           return complete != 0 || code != MPI_SUCCESS;
         },
         collective_, comm_.name(), [] { MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode); });
+    if (comm_.progress_) comm_.progress_->finished();
     for (MPI_Datatype& type : types) MPI_Type_free(&type);
     if (seconds_) *seconds_ += seconds_since(start_);
     check_mpi(code, "MPI_Testall", comm_.name());
@@ -178,8 +182,10 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (initialized)
     throw std::logic_error("MPI is already initialised: create one MpiSession per process");
+  // MPI_THREAD_MULTIPLE where the library grants it, for a progress thread
+  // (parallel/progress_thread.h); the compute thread alone needs only funneled.
   int provided = 0;
-  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread",
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread",
             "world");
   if (provided < MPI_THREAD_FUNNELED) {
     MPI_Finalize();
@@ -462,7 +468,12 @@ std::unique_ptr<Comm> MpiComm::split(int color, int key, const std::string& name
   auto comm = std::make_unique<MpiComm>(std::move(native), name);
   comm->set_max_count_per_call(max_count_);
   comm->set_watchdog(watchdog_);
+  comm->progress_ = progress_;
   return comm;
+}
+
+void MpiComm::start_progress_thread() {
+  if (!progress_) progress_ = std::make_shared<ProgressThread>();
 }
 
 void MpiComm::abort(int exit_code) {

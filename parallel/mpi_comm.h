@@ -10,8 +10,11 @@
 
 namespace ulysses {
 
-// MPI for the life of the process: MPI_Init_thread in the constructor (funneled: only the
-// main thread calls MPI; OpenMP threads never do), MPI_Finalize in the destructor. One per
+class ProgressThread;
+
+// MPI for the life of the process: MPI_Init_thread in the constructor (multiple where
+// granted, for a progress thread; otherwise funneled: only the main thread calls MPI and
+// OpenMP threads never do), MPI_Finalize in the destructor. One per
 // process, created first in main and destroyed last.
 class MpiSession {
  public:
@@ -66,6 +69,11 @@ class MpiComm final : public Comm {
   // Ranks of this communicator that share this rank's node (shared memory domain).
   int ranks_on_this_node() const;
 
+  // Starts a progress thread (parallel/progress_thread.h) that this communicator and those
+  // split from it afterwards keep busy while their operations are in flight.
+  void start_progress_thread();
+  const ProgressThread* progress_thread() const { return progress_.get(); }
+
   // At most INT_MAX (the default). Tests lower it to exercise the splitting; communicators
   // made by split() inherit it.
   void set_max_count_per_call(int64_t count);
@@ -82,6 +90,7 @@ class MpiComm final : public Comm {
   void broadcast_bytes(void* data, int64_t bytes, int root);
 
   std::unique_ptr<Native> native_;
+  std::shared_ptr<ProgressThread> progress_;
   std::string name_;
   int rank_ = 0;
   int size_ = 1;

@@ -1,19 +1,25 @@
 #include "parallel/zero_state.h"
 
+#include <functional>
+#include <memory>
 #include <stdexcept>
+#include <utility>
 
 namespace ulysses {
 
 ZeroState::ZeroState(Backend& backend, Comm& world, int stage,
-                     const std::vector<int64_t>& unit_ends)
+                     const std::vector<int64_t>& unit_ends, int slots)
     : backend_(backend),
       world_(world),
       stage_(world.size() > 1 ? stage : 0),
+      slots_(slots),
       layout_(unit_ends, stage_ >= 1 ? world.rank() : 0, stage_ >= 1 ? world.size() : 1),
       compute_dtype_(backend.compute_dtype()),
       reduced_(layout_.units().size(), false) {
   if (stage < 0 || stage > 3)
     throw std::invalid_argument("ZeRO stage " + std::to_string(stage) + " (0 to 3 exist)");
+  if (slots < 1 || slots > 2)
+    throw std::invalid_argument("ZeroState: 1 or 2 slots, got " + std::to_string(slots));
   const bool low_precision = compute_dtype_ != DType::f32;
   const int64_t padded = layout_.padded_numel(), shard = layout_.shard_numel();
   const int64_t unit = layout_.max_padded_unit();
@@ -37,15 +43,72 @@ ZeroState::ZeroState(Backend& backend, Comm& world, int stage,
     whole_grads_ = backend.alloc(MemCategory::grads, DType::f32, {padded}, "gradients");
   if (sharded())
     grad_shard_ = backend.alloc(MemCategory::grads, DType::f32, {shard}, "gradient shard");
-  if (stage_ >= 2)
-    staging_ = backend.alloc(MemCategory::grads, DType::f32, {unit}, "gradient of one unit");
-  if (stage_ == 3)
-    gathered_ =
-        backend.alloc(MemCategory::params, compute_dtype_, {unit}, "gathered weights of one unit");
+  for (int slot = 0; stage_ >= 2 && slot < slots_; ++slot) {
+    staging_.push_back(
+        backend.alloc(MemCategory::grads, DType::f32, {unit}, "gradient of one unit"));
+    staging_unit_.push_back(-1);
+  }
+  for (int slot = 0; stage_ == 3 && slot < slots_; ++slot) {
+    gathered_.push_back(
+        backend.alloc(MemCategory::params, compute_dtype_, {unit}, "gathered weights of one unit"));
+    gathered_unit_.push_back(-1);
+    gathered_in_use_.push_back(false);
+  }
   if (backend.memory().planning()) return;  // --dry-run: charged, never touched
   // Padding must stay zero: it is reduced, gathered and summed in the gradient norm.
   for (Buffer* buffer : {&whole_weights_, &compute_copy_, &master_, &whole_grads_, &grad_shard_})
     if (!buffer->empty()) backend.fill_zero(*buffer);
+}
+
+// A started gather or reduction: its wait is timed as the schedule's wait, the whole flight
+// is recorded, and what completes the operation (adding a reduced part into the shard,
+// freeing the staging slot) runs once it has arrived. A handle dropped without wait() waits.
+class ZeroState::Pending final : public CommRequest {
+ public:
+  Pending(ZeroState& state, CommHandle inner, const char* wait_phase, const char* flight_phase,
+          int64_t bytes, std::function<void()> after)
+      : state_(state),
+        inner_(std::move(inner)),
+        wait_phase_(wait_phase),
+        flight_phase_(flight_phase),
+        bytes_(bytes),
+        issued_at_(state.backend_.profiler().now()),
+        after_(std::move(after)) {}
+  ~Pending() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    Profiler& profiler = state_.backend_.profiler();
+    {
+      Profiler::Scope wait(profiler, wait_phase_, Profiler::Kind::communication, bytes_);
+      inner_->wait();
+    }
+    profiler.record_in_flight(flight_phase_, issued_at_, profiler.now(), bytes_);
+    if (after_) after_();
+  }
+
+ private:
+  ZeroState& state_;
+  CommHandle inner_;
+  const char* wait_phase_;
+  const char* flight_phase_;
+  int64_t bytes_;
+  double issued_at_;
+  std::function<void()> after_;
+  bool done_ = false;
+};
+
+int ZeroState::slot_of(const std::vector<int>& tags, int unit) {
+  for (size_t slot = 0; slot < tags.size(); ++slot)
+    if (tags[slot] == unit) return int(slot);
+  return -1;
 }
 
 Tensor ZeroState::padded_unit(const Tensor& padded, int unit) const {
@@ -58,43 +121,95 @@ Tensor ZeroState::shard_block(const Tensor& shard, int unit) const {
   return shard.flat_range(u.shard_begin, u.block);
 }
 
-Tensor ZeroState::weights(int unit) {
+CommHandle ZeroState::start_gather(int unit) {
+  if (stage_ < 3) return nullptr;
+  int slot = slot_of(gathered_unit_, unit);
+  if (slot >= 0 && !gathered_in_use_[size_t(slot)]) {  // still there from an earlier use
+    gathered_in_use_[size_t(slot)] = true;
+    return nullptr;
+  }
+  if (slot >= 0) throw std::logic_error("ZeroState: unit gathered twice without a release");
+  for (size_t free = 0; free < gathered_.size() && slot < 0; ++free)
+    if (!gathered_in_use_[free]) slot = int(free);
+  if (slot < 0)
+    throw std::logic_error("ZeroState: every gather slot holds a unit in use; release one first");
+  const ShardUnit& u = layout_.units()[size_t(unit)];
+  const Tensor target = gathered_[size_t(slot)].tensor().flat_range(0, u.block * layout_.world());
+  const Tensor& source = compute_copy_.empty() ? master_.tensor() : compute_copy_.tensor();
+  gathered_unit_[size_t(slot)] = unit;
+  gathered_in_use_[size_t(slot)] = true;
+  return std::make_unique<Pending>(
+      *this, world_.all_gather_async(shard_block(source, unit), target), phase::kWeightGatherWait,
+      phase::kWeightGatherInFlight, int64_t(target.bytes()), nullptr);
+}
+
+Tensor ZeroState::weights(int unit) const {
   const ShardUnit& u = layout_.units()[size_t(unit)];
   if (stage_ < 3) {
     const Tensor& whole = compute_copy_.empty() ? whole_weights_.tensor() : compute_copy_.tensor();
     return whole.flat_range(u.padded_begin, u.numel());
   }
-  const Tensor gathered = gathered_.tensor().flat_range(0, u.block * layout_.world());
-  if (gathered_unit_ != unit) {
-    const Tensor& source = compute_copy_.empty() ? master_.tensor() : compute_copy_.tensor();
-    Profiler::Scope wait(backend_.profiler(), phase::kWeightGatherWait,
-                         Profiler::Kind::communication, int64_t(gathered.bytes()));
-    world_.all_gather(shard_block(source, unit), gathered);
-    gathered_unit_ = unit;
-  }
-  return gathered.flat_range(0, u.numel());
+  const int slot = slot_of(gathered_unit_, unit);
+  if (slot < 0 || !gathered_in_use_[size_t(slot)])
+    throw std::logic_error("ZeroState: weights of unit " + std::to_string(unit) +
+                           " asked for without start_gather");
+  return gathered_[size_t(slot)].tensor().flat_range(0, u.numel());
 }
 
-Tensor ZeroState::gradients(int unit) {
+void ZeroState::release(int unit) {
+  if (stage_ < 3) return;
+  const int slot = slot_of(gathered_unit_, unit);
+  if (slot >= 0) gathered_in_use_[size_t(slot)] = false;
+}
+
+void ZeroState::begin_gradients(int unit) {
+  if (stage_ <= 1) return;
+  const int slot = slot_of(staging_unit_, -1);
+  if (slot < 0)
+    throw std::logic_error(
+        "ZeroState: every staging slot holds a unit; wait for a reduction before beginning "
+        "another unit's gradients");
+  const ShardUnit& u = layout_.units()[size_t(unit)];
+  backend_.fill_zero(staging_[size_t(slot)].tensor().flat_range(0, u.block * layout_.world()));
+  staging_unit_[size_t(slot)] = unit;
+}
+
+Tensor ZeroState::gradients(int unit) const {
   const ShardUnit& u = layout_.units()[size_t(unit)];
   if (stage_ <= 1) return whole_grads_.tensor().flat_range(u.padded_begin, u.numel());
-  if (staging_unit_ != unit) {
-    flush_staging();
-    backend_.fill_zero(staging_.tensor().flat_range(0, u.block * layout_.world()));
-    staging_unit_ = unit;
+  const int slot = slot_of(staging_unit_, unit);
+  if (slot < 0)
+    throw std::logic_error("ZeroState: gradients of unit " + std::to_string(unit) +
+                           " asked for without begin_gradients");
+  return staging_[size_t(slot)].tensor().flat_range(0, u.numel());
+}
+
+CommHandle ZeroState::start_reduction(int unit) {
+  if (stage_ <= 1) return nullptr;
+  const int slot = slot_of(staging_unit_, unit);
+  if (slot < 0) throw std::logic_error("ZeroState: reduction of a unit that is not staged");
+  const ShardUnit& u = layout_.units()[size_t(unit)];
+  const Tensor source = staging_[size_t(slot)].tensor().flat_range(0, u.block * layout_.world());
+  const Tensor target = shard_block(grad_shard_, unit);
+  auto free_slot = [this, slot] { staging_unit_[size_t(slot)] = -1; };
+  // A later micro-batch's part is reduced apart and added: the shard sums the parts in the
+  // order they were started.
+  if (!reduced_[size_t(unit)]) {
+    reduced_[size_t(unit)] = true;
+    return std::make_unique<Pending>(
+        *this, world_.reduce_scatter_async(source, target, ReduceOp::sum),
+        phase::kGradientReductionWait, phase::kGradientReductionInFlight, int64_t(source.bytes()),
+        free_slot);
   }
-  return staging_.tensor().flat_range(0, u.numel());
-}
-
-void ZeroState::flush_staging() {
-  if (staging_unit_ < 0) return;
-  const ShardUnit& u = layout_.units()[size_t(staging_unit_)];
-  reduce_unit(staging_unit_, staging_.tensor().flat_range(0, u.block * layout_.world()));
-  staging_unit_ = -1;
-}
-
-void ZeroState::finish_backward() {
-  if (stage_ >= 2) flush_staging();
+  auto part = std::make_shared<Buffer>(backend_.alloc(
+      MemCategory::comm, DType::f32, {target.numel()}, "gradient block (reduce-scatter)"));
+  return std::make_unique<Pending>(*this, world_.reduce_scatter_async(source, *part, ReduceOp::sum),
+                                   phase::kGradientReductionWait, phase::kGradientReductionInFlight,
+                                   int64_t(source.bytes()), [this, part, target, free_slot] {
+                                     backend_.axpy(target, *part, 1.0f);
+                                     part->reset();
+                                     free_slot();
+                                   });
 }
 
 void ZeroState::reduce_unit(int unit, const Tensor& padded_source) {
@@ -115,13 +230,13 @@ void ZeroState::reduce_unit(int unit, const Tensor& padded_source) {
 void ZeroState::zero_gradients() {
   if (!whole_grads_.empty()) backend_.fill_zero(whole_grads_);
   if (!grad_shard_.empty()) backend_.fill_zero(grad_shard_);
-  staging_unit_ = -1;
+  staging_unit_.assign(staging_unit_.size(), -1);
   reduced_.assign(reduced_.size(), false);
 }
 
 void ZeroState::reduce_gradients() {
-  if (staging_unit_ >= 0)
-    throw std::logic_error("ZeroState: reduce_gradients before finish_backward");
+  if (slot_of(staging_unit_, -1) < 0 && !staging_unit_.empty())
+    throw std::logic_error("ZeroState: reduce_gradients with every staging slot in use");
   if (stage_ == 0) {
     Profiler::Scope wait(backend_.profiler(), phase::kGradientReductionWait,
                          Profiler::Kind::communication, int64_t(whole_grads_.tensor().bytes()));
@@ -167,7 +282,8 @@ void ZeroState::publish_weights() {
     }
   } else {
     if (!compute_copy_.empty()) backend_.cast(compute_copy_, master_);
-    gathered_unit_ = -1;
+    gathered_unit_.assign(gathered_unit_.size(), -1);  // the gathered weights are stale
+    gathered_in_use_.assign(gathered_in_use_.size(), false);
   }
 }
 

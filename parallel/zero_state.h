@@ -1,15 +1,16 @@
 // The training state that ZeRO shards over the whole dp×sp world (docs/memory.md, ZeRO): weights,
 // gradients and the f32 master weights the optimizer updates, held whole or as this
-// rank's shard depending on the stage, and the collectives that move between the two.
+// rank's shard depending on the stage, and the collectives that move between the two,
+// started by the step's schedule and returned as handles (docs/profiling.md, the schedule).
 // It knows flat buffers and units only (parallel/shard_layout.h), nothing of a model.
 //
 //   stage  weights for compute     gradients                        master weights (f32)
 //   0      whole                   whole, all-reduced               whole (= the weights)
 //   1      whole                   whole, reduce-scattered per unit shard
-//   2      whole                   one unit at a time, reduce-      shard
+//   2      whole                   one unit per slot, reduce-       shard
 //                                  scattered as backward finishes it
-//   3      gathered one unit at a  as stage 2                       shard
-//          time
+//   3      gathered one unit per   as stage 2                       shard
+//          slot
 //
 // The optimizer moments live in the same shard space (layout().shard_numel() elements).
 // With a world of one rank every stage behaves as stage 0.
@@ -26,28 +27,43 @@ namespace ulysses {
 
 class ZeroState {
  public:
-  // unit_ends as for ShardLayout. Buffers are charged to the tracking allocator at once:
-  // params (whole weights, or the stage-3 shard and its gather buffer), grads (whole
-  // gradient, shard, stage-2/3 staging buffer of one unit), optimizer (the master shard when
-  // the rank also holds whole weights).
-  ZeroState(Backend& backend, Comm& world, int stage, const std::vector<int64_t>& unit_ends);
+  // unit_ends as for ShardLayout. slots is how many units may be in flight at once: 1, or 2
+  // so that a unit's gather (stage 3) or reduction (stages 2-3) can travel while another
+  // unit computes (parallel.prefetch). Buffers are charged to the tracking allocator at once:
+  // params (whole weights, or the stage-3 shard and its gather slots), grads (whole gradient,
+  // shard, stage-2/3 staging slots), optimizer (the master shard when the rank also holds
+  // whole weights).
+  ZeroState(Backend& backend, Comm& world, int stage, const std::vector<int64_t>& unit_ends,
+            int slots = 1);
 
   int stage() const { return stage_; }
+  int slots() const { return slots_; }
   const ShardLayout& layout() const { return layout_; }
 
   // ---- forward and backward ------------------------------------------------------------
-  // The unit's weights in the compute dtype (its numel() elements, flat element
-  // unit.begin first). Stage 3 all-gathers the unit into its one gather buffer (sized for
-  // the largest unit), so a view is valid only until weights of another unit are asked
-  // for: every op of the model reads the weights of one unit. The gathered unit stays
-  // until another one is gathered or the weights change.
-  Tensor weights(int unit);
-  // The unit's f32 gradient to accumulate into (same indexing). Stages 2 and 3 hold one
-  // unit at a time: asking for another reduce-scatters the one held into the shard first,
-  // and a unit asked for again starts from zero (the shard adds up its parts).
-  Tensor gradients(int unit);
-  // End of a micro-batch's backward: stages 2 and 3 reduce-scatter the unit still held.
-  void finish_backward();
+  // Storage is passive: these hand out buffers and start collectives, and the step's
+  // schedule (core/model.cpp) decides when each is issued and waited for.
+  //
+  // Stage 3: starts all-gathering the unit into a free gather slot and returns the handle;
+  // nothing to wait for (null) when the weights are whole (stages 0-2) or a free slot still
+  // holds the unit. Throws std::logic_error when every slot holds a unit in use.
+  CommHandle start_gather(int unit);
+  // The unit's weights in the compute dtype (its numel() elements, flat element unit.begin
+  // first). Stage 3: its gather must have been started and waited for, and not released.
+  Tensor weights(int unit) const;
+  // Stage 3: the unit's slot may take another unit (its contents stay until then).
+  void release(int unit);
+
+  // The unit's f32 gradient to accumulate into (same indexing). Stages 2-3 stage one unit
+  // per slot: begin_gradients takes a free slot and zeroes it (std::logic_error when none is
+  // free), start_reduction reduce-scatters it into this rank's shard (added to what earlier
+  // reductions of the unit in this step left there) and frees the slot when its handle has
+  // been waited for. Stages 0-1 accumulate into the whole gradient: begin_gradients does
+  // nothing and start_reduction returns null (reduce_gradients reduces after the last
+  // micro-batch).
+  void begin_gradients(int unit);
+  Tensor gradients(int unit) const;
+  CommHandle start_reduction(int unit);
 
   // ---- the optimizer step --------------------------------------------------------------
   // Start of a step: every gradient (and shard) to zero.
@@ -74,7 +90,10 @@ class ZeroState {
   void download_gradients(float* host);
 
  private:
+  class Pending;  // a started gather or reduction and what its wait completes
   bool sharded() const { return stage_ >= 1; }
+  // The slot whose tag is `unit`, or -1.
+  static int slot_of(const std::vector<int>& tags, int unit);
   // The unit's part of a padded-space buffer.
   Tensor padded_unit(const Tensor& padded, int unit) const;
   // This rank's block of the unit in a shard-space buffer.
@@ -85,25 +104,30 @@ class ZeroState {
   // The unit's blocks of shard (any dtype) from every rank into padded_target.
   void gather_unit(int unit, const Tensor& shard, const Tensor& padded_target);
   void download_sharded(const Tensor& shard, float* host);
-  void flush_staging();
 
   Backend& backend_;
   Comm& world_;
   int stage_;
+  int slots_;
   ShardLayout layout_;
   DType compute_dtype_;
 
-  Buffer whole_weights_;  // stages 0-2: compute dtype (stage 0: f32, the master), padded space
-  Buffer compute_copy_;   // stage 0: whole; stage 3: shard; only when compute dtype != f32
-  Buffer master_;         // stages 1-3: f32 shard
-  Buffer whole_grads_;    // stages 0-1: padded space
-  Buffer grad_shard_;     // stages 1-3
-  Buffer staging_;        // stages 2-3: one unit's gradient, padded
-  int staging_unit_ = -1;
+  Buffer whole_weights_;       // stages 0-2: compute dtype (stage 0: f32, the master), padded space
+  Buffer compute_copy_;        // stage 0: whole; stage 3: shard; only when compute dtype != f32
+  Buffer master_;              // stages 1-3: f32 shard
+  Buffer whole_grads_;         // stages 0-1: padded space
+  Buffer grad_shard_;          // stages 1-3
   std::vector<bool> reduced_;  // per unit: reduce-scattered already in this step
 
-  Buffer gathered_;  // stage 3: the weights of one unit, padded
-  int gathered_unit_ = -1;
+  // Stages 2-3: slots of one unit's gradient each (padded), the unit each stages (-1: free)
+  // and whether its reduction is in flight.
+  std::vector<Buffer> staging_;
+  std::vector<int> staging_unit_;
+  // Stage 3: slots of one unit's gathered weights each (padded), the unit each holds (-1:
+  // none), and whether it is in use (gathering or not released).
+  std::vector<Buffer> gathered_;
+  std::vector<int> gathered_unit_;
+  std::vector<bool> gathered_in_use_;
 };
 
 }  // namespace ulysses

@@ -4,13 +4,16 @@
 #include "parallel/mpi_comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "parallel/mesh.h"
+#include "parallel/progress_thread.h"
 #include "tests/mpi/mpi_testing.h"
 
 namespace ulysses {
@@ -396,6 +399,31 @@ TEST_F(MpiTest, TwoByTwoMeshOnFourRanks) {
   EXPECT_EQ(dp_value, rank % 2 == 0 ? 2.0 : 4.0);
   EXPECT_EQ(mesh.sp->stats().reduce_bytes, 8);
   EXPECT_EQ(mesh.dp->stats().reduce_bytes, 8);
+}
+
+// The progress thread polls MPI while an operation is in flight and the caller is busy
+// elsewhere, stops when nothing is in flight, and changes no result.
+TEST_F(MpiTest, ProgressThreadPollsWhileAnOperationIsInFlightAndOnlyThen) {
+  if (!mpi_thread_multiple()) GTEST_SKIP() << "this MPI library did not grant THREAD_MULTIPLE";
+  std::unique_ptr<Comm> owned = world().split(0, world().rank(), "progress");
+  auto* comm = dynamic_cast<MpiComm*>(owned.get());
+  ASSERT_NE(comm, nullptr);
+  comm->start_progress_thread();
+  const ProgressThread& progress = *comm->progress_thread();
+  std::vector<float> values(1 << 20, float(comm->rank() + 1));
+  const int64_t before = progress.polls();
+  CommHandle sum = comm->all_reduce_async(
+      Tensor(values.data(), DType::f32, {int64_t(values.size())}), ReduceOp::sum);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // "compute"
+  EXPECT_GT(progress.polls(), before + 10) << "the thread did not poll while the sum travelled";
+  sum->wait();
+  const float expected = float(comm->size() * (comm->size() + 1) / 2);
+  EXPECT_EQ(values.front(), expected);
+  EXPECT_EQ(values.back(), expected);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int64_t idle = progress.polls();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(progress.polls(), idle) << "the thread kept polling with nothing in flight";
 }
 
 }  // namespace

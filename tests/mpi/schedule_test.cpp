@@ -15,6 +15,8 @@
 #include <sstream>
 #include <string>
 
+#include "parallel/mpi_comm.h"
+#include "parallel/progress_thread.h"
 #include "tests/mpi/mpi_testing.h"
 #include "tests/mpi/trainer_testing.h"
 
@@ -45,7 +47,16 @@ std::string fingerprint(const std::vector<float>& values) {
   return text;
 }
 
-// "llama sp2 zero3 layer" -> "losses ... | norms ... | weights hash"
+// "losses ... | norms ... | weights hash"
+std::string outcome_line(const testing::TrainingOutcome& outcome) {
+  std::string line;
+  for (double loss : outcome.losses) line += bits(loss) + " ";
+  line += "|";
+  for (double norm : outcome.grad_norms) line += " " + bits(norm);
+  return line + " | " + fingerprint(outcome.params);
+}
+
+// "llama sp2 zero3 layer" -> outcome_line
 std::map<std::string, std::string> read_golden() {
   std::map<std::string, std::string> golden;
   std::ifstream in(kGolden);
@@ -73,12 +84,7 @@ TEST_F(Schedule, EveryStageAndSpGivesTheRecordedBitsAfterFiveSteps) {
           config.parallel.zero_stage = stage;
           config.parallel.bucket_mb = 1e-6;  // one unit per layer: the most collectives
           config.memory.activation_checkpointing = checkpointing;
-          const testing::TrainingOutcome outcome = testing::train_for(config, world(), 5);
-          std::string line;
-          for (double loss : outcome.losses) line += bits(loss) + " ";
-          line += "|";
-          for (double norm : outcome.grad_norms) line += " " + bits(norm);
-          line += " | " + fingerprint(outcome.params);
+          const std::string line = outcome_line(testing::train_for(config, world(), 5));
           const std::string key = family + " sp" + std::to_string(sp) + " zero" +
                                   std::to_string(stage) + " " + checkpointing;
           recorded << key << ": " << line << "\n";
@@ -95,6 +101,28 @@ TEST_F(Schedule, EveryStageAndSpGivesTheRecordedBitsAfterFiveSteps) {
     out << "# losses (5 steps, double bits) | gradient norms | FNV-1a of the weights, per setup.\n"
         << "# Written by tests/mpi/schedule_test.cpp with ULYSSES_RECORD_SCHEDULE_GOLDEN=1.\n"
         << recorded.str();
+  }
+}
+
+// Prefetch off, and a progress thread driving MPI while units compute: the same bits.
+TEST_F(Schedule, WithoutPrefetchAndWithAProgressThreadTheBitsAreTheSame) {
+  ASSERT_EQ(world().size(), 4) << "the recorded values are for 4 ranks";
+  const std::map<std::string, std::string> golden = read_golden();
+  std::unique_ptr<Comm> owned = world().split(0, world().rank(), "world with progress");
+  auto* with_progress = dynamic_cast<MpiComm*>(owned.get());
+  ASSERT_NE(with_progress, nullptr);
+  if (mpi_thread_multiple()) with_progress->start_progress_thread();
+  for (const bool prefetch : {false, true}) {
+    for (int stage : {2, 3}) {
+      Config config = testing::tiny_training_config("llama", 2, 2, 2);
+      config.parallel.zero_stage = stage;
+      config.parallel.bucket_mb = 1e-6;
+      config.parallel.prefetch = prefetch;
+      const testing::TrainingOutcome outcome = testing::train_for(config, *owned, 5);
+      const std::string key = "llama sp2 zero" + std::to_string(stage) + " none";
+      EXPECT_EQ(outcome_line(outcome), golden.at(key))
+          << key << (prefetch ? " with prefetch" : " without prefetch");
+    }
   }
 }
 

@@ -83,14 +83,19 @@ Bytes held_bytes(const MemoryTracker& memory) {
 
 // Per rank, with f32 compute: N parameters over a world of W, units of at most U elements
 // (padded to W blocks). The shard of a unit is ceil(numel / W), so the shard of the whole
-// buffer is at most N/W + one element per unit.
+// buffer is at most N/W + one element per unit. Stages 2-3 stage and gather one unit per
+// slot: two with parallel.prefetch (one in flight while another computes), one without.
 TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
   const int world_size = world().size();
-  for (int stage = 0; stage <= 3; ++stage) {
+  for (int setup = 0; setup < 8; ++setup) {
+    const int stage = setup % 4;
+    const bool prefetch = setup < 4;
+    const int slots = prefetch ? 2 : 1;
     Config config = testing::tiny_training_config("llama", 4, world_size, 2);
     config.model.n_layers = 6;
     config.parallel.zero_stage = stage;
     config.parallel.bucket_mb = kOneLayerPerUnit;
+    config.parallel.prefetch = prefetch;
     auto backend = make_backend("cpu", 0);
     Mesh mesh = make_mesh(world(), config.parallel.sp);
     Trainer trainer(config, *backend, mesh);
@@ -101,7 +106,8 @@ TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
     const int64_t shard_max = 4 * (n / world_size + units), shard_min = 4 * (n / world_size);
     const int64_t whole_max = 4 * (n + units * world_size);
     ASSERT_LT(unit, n / 4) << "the test needs units much smaller than the model";
-    const std::string where = "stage " + std::to_string(stage);
+    const std::string where =
+        "stage " + std::to_string(stage) + (prefetch ? " with prefetch" : " without prefetch");
 
     Bytes bytes = held_bytes(backend->memory());
     if (stage == 0) {
@@ -120,7 +126,8 @@ TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
     }
     if (stage >= 2) {
       EXPECT_GE(bytes.grads, shard_min) << where;
-      EXPECT_LE(bytes.grads, shard_max + 4 * unit) << where;  // one unit staged
+      EXPECT_LE(bytes.grads, shard_max + slots * 4 * unit) << where;  // a unit per slot staged
+      EXPECT_GT(bytes.grads, shard_max + (slots - 1) * 4 * unit) << where;
     }
     if (stage == 1 || stage == 2) {
       EXPECT_GE(bytes.params, 4 * n) << where;
@@ -128,7 +135,8 @@ TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
     }
     if (stage == 3) {
       EXPECT_GE(bytes.params, shard_min) << where;
-      EXPECT_LE(bytes.params, shard_max + 4 * unit) << where;  // one gathered unit
+      EXPECT_LE(bytes.params, shard_max + slots * 4 * unit) << where;  // a unit per slot
+      EXPECT_GT(bytes.params, shard_max + (slots - 1) * 4 * unit) << where;
     }
 
     // A step allocates no more state: the peaks are what was charged up front.
@@ -137,10 +145,66 @@ TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
     EXPECT_EQ(backend->memory().peak(MemCategory::params), bytes.params) << where;
     EXPECT_EQ(backend->memory().peak(MemCategory::grads), bytes.grads) << where;
     EXPECT_EQ(backend->memory().peak(MemCategory::optimizer), bytes.optimizer) << where;
-    // Collective staging stays within one unit.
+    // Collective staging stays within a unit per slot.
     EXPECT_LE(backend->memory().peak(MemCategory::comm),
-              4 * unit + 4 * config.train.batch_size * config.train.seq_len * config.model.d_model)
+              slots * 4 * unit +
+                  4 * config.train.batch_size * config.train.seq_len * config.model.d_model)
         << where;
+  }
+}
+
+// The schedule's overlap, seen in the profiler's spans of one step under ZeRO-3: with
+// prefetch, most weight gathers and gradient reductions are in flight while compute runs
+// (the gather of unit u+1 is issued before unit u computes; a unit's reduction travels while
+// the next unit's backward runs). Without prefetch none is: each is waited for at once.
+TEST_F(Zero, PrefetchKeepsGathersAndReductionsInFlightWhileUnitsCompute) {
+  for (const bool prefetch : {true, false}) {
+    Config config = testing::tiny_training_config("gpt2", 4, world().size(), 2);
+    config.model.n_layers = 4;
+    config.parallel.zero_stage = 3;
+    config.parallel.bucket_mb = kOneLayerPerUnit;
+    config.parallel.prefetch = prefetch;
+    auto backend = make_backend("cpu", 0);
+    Mesh mesh = make_mesh(world(), config.parallel.sp);
+    Trainer trainer(config, *backend, mesh);
+    Profiler& profiler = backend->profiler();
+    profiler.take_trace();
+    profiler.set_trace(true);
+    trainer.train_step();
+    const std::vector<TraceSpan> spans = profiler.take_trace();
+    auto overlapped = [&](const std::string& in_flight) {
+      int flights = 0, with_compute = 0;
+      for (const TraceSpan& flight : spans) {
+        if (flight.name != in_flight) continue;
+        ++flights;
+        const double end = flight.begin_us + flight.duration_us;
+        for (const TraceSpan& work : spans)
+          if (work.track == Profiler::kComputeTrack && work.flops > 0 &&
+              work.begin_us >= flight.begin_us && work.begin_us + work.duration_us <= end) {
+            ++with_compute;
+            break;
+          }
+      }
+      return std::pair<int, int>{flights, with_compute};
+    };
+    const auto [gathers, gathers_overlapped] = overlapped(phase::kWeightGatherInFlight);
+    const auto [reductions, reductions_overlapped] = overlapped(phase::kGradientReductionInFlight);
+    const std::string where = std::string(prefetch ? "with prefetch" : "without prefetch") + ": " +
+                              std::to_string(gathers_overlapped) + " of " +
+                              std::to_string(gathers) + " gathers, " +
+                              std::to_string(reductions_overlapped) + " of " +
+                              std::to_string(reductions) + " reductions overlapped";
+    ASSERT_GT(gathers, 10) << where;
+    ASSERT_GT(reductions, 10) << where;
+    if (prefetch) {
+      // Some have only a norm or the embedding (no FLOPs) to hide behind, or nothing: the
+      // first gather and the last reduction of a pass. Most hide behind a GEMM.
+      EXPECT_GT(2 * gathers_overlapped, gathers) << where;
+      EXPECT_GT(2 * reductions_overlapped, reductions) << where;
+    } else {
+      EXPECT_EQ(gathers_overlapped, 0) << where;
+      EXPECT_EQ(reductions_overlapped, 0) << where;
+    }
   }
 }
 
