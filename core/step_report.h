@@ -31,6 +31,8 @@ struct VerdictContext {
   int64_t peak_bytes = 0;             // tracked, this rank
   int64_t limit_bytes = 0;            // memory.limit_gib; 0 = none
   int sp = 1;
+  int ranks_on_node = 1;  // ranks sharing this rank's node
+  int cores_on_node = 1;
 };
 
 struct Verdict {

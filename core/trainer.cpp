@@ -5,12 +5,14 @@
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
+#include <thread>
 
 #include "core/job_agreement.h"
 #include "core/nonfinite.h"
 #include "core/stop_signal.h"
 #include "core/trace_file.h"
 #include "core/weights_io.h"
+#include "parallel/mpi_comm.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {
@@ -296,6 +298,8 @@ nlohmann::json Trainer::phases_max_json(const std::map<std::string, PhaseTotals>
 void Trainer::start_profiling() {
   Profiler& profiler = backend_.profiler();
   verdict_context_.sp = mesh_.sp_size;
+  verdict_context_.ranks_on_node = ranks_on_this_node(*mesh_.world);
+  verdict_context_.cores_on_node = int(std::thread::hardware_concurrency());
   verdict_context_.limit_bytes = backend_.memory().limit();
   // The all-to-all of one q tensor: B·Tl·H·d elements.
   verdict_context_.bare_all_to_all_bytes = int64_t(config_.train.batch_size) * seq_local_ *
