@@ -30,10 +30,12 @@ bool Profiler::push(const char* phase, Kind kind, int64_t bytes, double flops) {
     }
   }
   stack_.push_back({phase, now(), 0.0, bytes, flops, kind});
+  if (open_range_) open_range_(phase);
   return true;
 }
 
 void Profiler::pop() {
+  if (close_range_) close_range_();
   const Open open = stack_.back();
   stack_.pop_back();
   const double end = now(), elapsed = end - open.begin;

@@ -70,6 +70,13 @@ class Profiler {
   void set_trace(bool on) { trace_ = on; }
   bool tracing() const { return trace_; }
 
+  // Called as each phase opens and closes: the CUDA backend makes them NVTX ranges, so the
+  // same names appear in Nsight Systems.
+  void set_range_hooks(void (*open)(const char* phase), void (*close)()) {
+    open_range_ = open;
+    close_range_ = close;
+  }
+
   // Inside an absorbing phase (recompute) nested phases are not opened: their time is the
   // absorbing phase's, except for phases marked as waiting on communication.
   enum class Kind { compute, communication, absorbing };
@@ -114,6 +121,8 @@ class Profiler {
   std::vector<Open> stack_;
   std::map<std::string, PhaseTotals> totals_;
   std::vector<TraceSpan> trace_spans_;
+  void (*open_range_)(const char*) = nullptr;
+  void (*close_range_)() = nullptr;
 };
 
 }  // namespace ulysses

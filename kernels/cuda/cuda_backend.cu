@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cub/block/block_reduce.cuh>
+#include <nvtx3/nvToolsExt.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -92,6 +93,8 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind a
         "configured; use kernels.attention: native");
 #endif
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  profiler().set_range_hooks([](const char* phase) { nvtxRangePushA(phase); },
+                             [] { nvtxRangePop(); });
   if (memory_limit_bytes == 0) {
     size_t free_bytes = 0, total_bytes = 0;
     check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
