@@ -68,34 +68,45 @@ void UlyssesAttention::check_local(const Tensor& x, int heads, const char* what)
                                 ", " + std::to_string(head_dim_) + "]");
 }
 
+HeadExchange UlyssesAttention::open_exchange(const Tensor& local, bool kv, bool to_heads,
+                                             const Tensor& target) {
+  const int64_t P = comm_.size(), B = local.dim(0), Tl = local.dim(1);
+  const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
+  HeadExchange exchange;
+  exchange.kv = kv;
+  exchange.to_heads = to_heads;
+  exchange.target = target;
+  exchange.send = backend_.alloc(MemCategory::comm, local.dtype, {P, B, Tl, h * head_dim_},
+                                 "ulysses all-to-all send");
+  exchange.recv = backend_.alloc(MemCategory::comm, local.dtype, {P, B, Tl, h * head_dim_},
+                                 "ulysses all-to-all recv");
+  exchange.bytes = int64_t(exchange.send.tensor().bytes()) / P * (P - 1);
+  return exchange;
+}
+
+void UlyssesAttention::issue(HeadExchange& exchange) {
+  exchange.issued_at = backend_.profiler().now();
+  exchange.handle = comm_.all_to_all_async(exchange.send, exchange.recv);
+}
+
 // tokens → heads: x[B, Tl, Hx, d] → full[B, N, h, d], N = P·Tl, h heads per rank.
 //   pack:   send[p][b, t, :] = x[b, t, first_head(p) : first_head(p) + h, :]
 //   a2a:    recv[i] = rank i's send[me]
 //   unpack: full[b, i·Tl + t, :] = recv[i][b, t, :]
 HeadExchange UlyssesAttention::start_tokens_to_heads(const Tensor& x, bool kv, const Tensor& full) {
+  HeadExchange exchange = open_exchange(x, kv, true, full);
   const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), heads = x.dim(2);
   const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
   const int64_t head_bytes = head_dim_ * int64_t(dtype_size(x.dtype));
   const int64_t block_bytes = B * Tl * h * head_bytes;  // one rank's share of the send buffer
-
-  HeadExchange exchange;
-  exchange.kv = kv;
-  exchange.to_heads = true;
-  exchange.target = full;
   {
     Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
-    exchange.send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                                   "ulysses all-to-all send");
     for (int p = 0; p < P; ++p)
       backend_.copy_2d(bytes_at(exchange.send, p * block_bytes), h * head_bytes,
                        bytes_at(x, first_head(p, kv) * head_bytes), heads * head_bytes,
                        h * head_bytes, B * Tl);
-    exchange.recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                                   "ulysses all-to-all recv");
   }
-  exchange.issued_at = backend_.profiler().now();
-  exchange.bytes = int64_t(exchange.send.tensor().bytes()) / P * (P - 1);
-  exchange.handle = comm_.all_to_all_async(exchange.send, exchange.recv);
+  issue(exchange);
   return exchange;
 }
 
@@ -106,29 +117,19 @@ HeadExchange UlyssesAttention::start_tokens_to_heads(const Tensor& x, bool kv, c
 // With replicated kv heads, ranks p ∈ [g·r, (g+1)·r), r = P/Hkv, all return a gradient for kv
 // head g: their blocks are summed into it (the sum a single rank forms over those q heads).
 HeadExchange UlyssesAttention::start_heads_to_tokens(const Tensor& full, bool kv, const Tensor& x) {
+  HeadExchange exchange = open_exchange(x, kv, false, x);
   const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), N = P * Tl;
   const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
   const int64_t head_bytes = head_dim_ * int64_t(dtype_size(x.dtype));
   const int64_t block_bytes = B * Tl * h * head_bytes;
-
-  HeadExchange exchange;
-  exchange.kv = kv;
-  exchange.to_heads = false;
-  exchange.target = x;
   {
     Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
-    exchange.send = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                                   "ulysses all-to-all send");
     for (int i = 0; i < P; ++i)
       backend_.copy_2d(bytes_at(exchange.send, i * block_bytes), Tl * h * head_bytes,
                        bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
                        Tl * h * head_bytes, B);
-    exchange.recv = backend_.alloc(MemCategory::comm, x.dtype, {P, B, Tl, h * head_dim_},
-                                   "ulysses all-to-all recv");
   }
-  exchange.issued_at = backend_.profiler().now();
-  exchange.bytes = int64_t(exchange.send.tensor().bytes()) / P * (P - 1);
-  exchange.handle = comm_.all_to_all_async(exchange.send, exchange.recv);
+  issue(exchange);
   return exchange;
 }
 

@@ -61,6 +61,10 @@ class UlyssesAttention {
   bool kv_replicated() const { return kv_replicated_; }
 
  private:
+  // A new exchange with its send and receive buffers [P, B, Tl, h·d] (B, Tl and the dtype
+  // from local, the token-layout tensor), for the caller to pack; issue() starts it.
+  HeadExchange open_exchange(const Tensor& local, bool kv, bool to_heads, const Tensor& target);
+  void issue(HeadExchange& exchange);
   // Both halves at once, where nothing is placed between them.
   void exchange_now(HeadExchange pending) { finish(pending); }
   // First head of x's head axis that rank p works on.
