@@ -1,5 +1,6 @@
 #include "parallel/ulysses_attention.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -23,12 +24,13 @@ double attention_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t hea
 }  // namespace
 
 UlyssesAttention::UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads, int n_kv_heads,
-                                   int head_dim)
+                                   int head_dim, int head_chunks)
     : backend_(backend),
       comm_(sp_comm),
       n_heads_(n_heads),
       n_kv_heads_(n_kv_heads),
-      head_dim_(head_dim) {
+      head_dim_(head_dim),
+      head_chunks_(head_chunks) {
   const int P = comm_.size();
   const std::string numbers = "(heads " + std::to_string(n_heads) + ", kv heads " +
                               std::to_string(n_kv_heads) + ", sp " + std::to_string(P) + ")";
@@ -52,6 +54,36 @@ UlyssesAttention::UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads,
         "(replicated) " +
         numbers);
   }
+  const std::vector<int> valid = valid_head_chunks(n_heads, n_kv_heads, P);
+  if (std::find(valid.begin(), valid.end(), head_chunks) == valid.end())
+    throw std::invalid_argument("Ulysses attention: head_chunks " + std::to_string(head_chunks) +
+                                " does not split the heads of each rank into whole stages " +
+                                numbers);
+}
+
+std::vector<int> valid_head_chunks(int n_heads, int n_kv_heads, int sp) {
+  std::vector<int> valid;
+  if (sp < 1 || n_heads % sp != 0 || n_kv_heads < 1 || n_heads % n_kv_heads != 0) return valid;
+  const int per_rank = n_heads / sp, group = n_heads / n_kv_heads;
+  for (int chunks = 1; chunks <= per_rank; ++chunks) {
+    if (per_rank % chunks != 0) continue;
+    const int stage = per_rank / chunks;
+    if (stage % group == 0 || group % stage == 0) valid.push_back(chunks);
+  }
+  return valid;
+}
+
+int UlyssesAttention::stage_kv_heads() const {
+  const int group = n_heads_ / n_kv_heads_;
+  return std::max(1, stage_q_heads() / group);
+}
+
+int UlyssesAttention::stage_q_first(int p, int stage) const {
+  return p * heads_per_rank_ + stage * stage_q_heads();
+}
+
+int UlyssesAttention::stage_kv_first(int p, int stage) const {
+  return stage_q_first(p, stage) / (n_heads_ / n_kv_heads_);
 }
 
 int UlyssesAttention::first_head(int p, bool kv) const {
@@ -61,6 +93,12 @@ int UlyssesAttention::first_head(int p, bool kv) const {
   return (p * heads_per_rank_) / (n_heads_ / n_kv_heads_);
 }
 
+std::vector<int> UlyssesAttention::first_heads(bool kv) const {
+  std::vector<int> first;
+  for (int p = 0; p < comm_.size(); ++p) first.push_back(first_head(p, kv));
+  return first;
+}
+
 void UlyssesAttention::check_local(const Tensor& x, int heads, const char* what) const {
   if (x.ndim != 4 || x.dim(2) != heads || x.dim(3) != head_dim_)
     throw std::invalid_argument(std::string("Ulysses attention: ") + what + " is " +
@@ -68,20 +106,47 @@ void UlyssesAttention::check_local(const Tensor& x, int heads, const char* what)
                                 ", " + std::to_string(head_dim_) + "]");
 }
 
-HeadExchange UlyssesAttention::open_exchange(const Tensor& local, bool kv, bool to_heads,
+HeadExchange UlyssesAttention::open_exchange(DType dtype, int64_t batch, int64_t seq_local,
+                                             int64_t heads, HeadExchange::Unpack unpack,
                                              const Tensor& target) {
-  const int64_t P = comm_.size(), B = local.dim(0), Tl = local.dim(1);
-  const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
+  const int64_t P = comm_.size();
   HeadExchange exchange;
-  exchange.kv = kv;
-  exchange.to_heads = to_heads;
+  exchange.unpack = unpack;
+  exchange.heads = heads;
   exchange.target = target;
-  exchange.send = backend_.alloc(MemCategory::comm, local.dtype, {P, B, Tl, h * head_dim_},
+  exchange.send = backend_.alloc(MemCategory::comm, dtype, {P, batch, seq_local, heads * head_dim_},
                                  "ulysses all-to-all send");
-  exchange.recv = backend_.alloc(MemCategory::comm, local.dtype, {P, B, Tl, h * head_dim_},
+  exchange.recv = backend_.alloc(MemCategory::comm, dtype, {P, batch, seq_local, heads * head_dim_},
                                  "ulysses all-to-all recv");
   exchange.bytes = int64_t(exchange.send.tensor().bytes()) / P * (P - 1);
   return exchange;
+}
+
+// send[p][b, t, :] = x[b, t, first_heads[p] : first_heads[p] + h, :]
+void UlyssesAttention::pack_tokens(HeadExchange& exchange, const Tensor& x,
+                                   const std::vector<int>& first) {
+  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), heads = x.dim(2);
+  const int64_t h = exchange.heads;
+  const int64_t head_bytes = head_dim_ * int64_t(dtype_size(x.dtype));
+  const int64_t block_bytes = B * Tl * h * head_bytes;  // one rank's share of the send buffer
+  Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
+  for (int p = 0; p < P; ++p)
+    backend_.copy_2d(bytes_at(exchange.send, p * block_bytes), h * head_bytes,
+                     bytes_at(x, first[size_t(p)] * head_bytes), heads * head_bytes,
+                     h * head_bytes, B * Tl);
+}
+
+// send[i][b, t, :] = full[b, i·Tl + t, :]
+void UlyssesAttention::pack_heads(HeadExchange& exchange, const Tensor& full) {
+  const int64_t P = comm_.size(), B = full.dim(0), N = full.dim(1), Tl = N / P;
+  const int64_t h = exchange.heads;
+  const int64_t head_bytes = head_dim_ * int64_t(dtype_size(full.dtype));
+  const int64_t block_bytes = B * Tl * h * head_bytes;
+  Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
+  for (int i = 0; i < P; ++i)
+    backend_.copy_2d(bytes_at(exchange.send, i * block_bytes), Tl * h * head_bytes,
+                     bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
+                     Tl * h * head_bytes, B);
 }
 
 void UlyssesAttention::issue(HeadExchange& exchange) {
@@ -94,18 +159,10 @@ void UlyssesAttention::issue(HeadExchange& exchange) {
 //   a2a:    recv[i] = rank i's send[me]
 //   unpack: full[b, i·Tl + t, :] = recv[i][b, t, :]
 HeadExchange UlyssesAttention::start_tokens_to_heads(const Tensor& x, bool kv, const Tensor& full) {
-  HeadExchange exchange = open_exchange(x, kv, true, full);
-  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), heads = x.dim(2);
-  const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
-  const int64_t head_bytes = head_dim_ * int64_t(dtype_size(x.dtype));
-  const int64_t block_bytes = B * Tl * h * head_bytes;  // one rank's share of the send buffer
-  {
-    Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
-    for (int p = 0; p < P; ++p)
-      backend_.copy_2d(bytes_at(exchange.send, p * block_bytes), h * head_bytes,
-                       bytes_at(x, first_head(p, kv) * head_bytes), heads * head_bytes,
-                       h * head_bytes, B * Tl);
-  }
+  HeadExchange exchange =
+      open_exchange(x.dtype, x.dim(0), x.dim(1), kv ? kv_heads_per_rank_ : heads_per_rank_,
+                    HeadExchange::Unpack::to_heads, full);
+  pack_tokens(exchange, x, first_heads(kv));
   issue(exchange);
   return exchange;
 }
@@ -117,18 +174,51 @@ HeadExchange UlyssesAttention::start_tokens_to_heads(const Tensor& x, bool kv, c
 // With replicated kv heads, ranks p ∈ [g·r, (g+1)·r), r = P/Hkv, all return a gradient for kv
 // head g: their blocks are summed into it (the sum a single rank forms over those q heads).
 HeadExchange UlyssesAttention::start_heads_to_tokens(const Tensor& full, bool kv, const Tensor& x) {
-  HeadExchange exchange = open_exchange(x, kv, false, x);
-  const int64_t P = comm_.size(), B = x.dim(0), Tl = x.dim(1), N = P * Tl;
-  const int64_t h = kv ? kv_heads_per_rank_ : heads_per_rank_;
-  const int64_t head_bytes = head_dim_ * int64_t(dtype_size(x.dtype));
-  const int64_t block_bytes = B * Tl * h * head_bytes;
-  {
-    Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
-    for (int i = 0; i < P; ++i)
-      backend_.copy_2d(bytes_at(exchange.send, i * block_bytes), Tl * h * head_bytes,
-                       bytes_at(full, i * Tl * h * head_bytes), N * h * head_bytes,
-                       Tl * h * head_bytes, B);
-  }
+  HeadExchange exchange =
+      open_exchange(x.dtype, x.dim(0), x.dim(1), kv ? kv_heads_per_rank_ : heads_per_rank_,
+                    HeadExchange::Unpack::to_tokens, x);
+  exchange.first_heads = first_heads(kv);
+  exchange.sum_replicas = kv && kv_replicated_;
+  pack_heads(exchange, full);
+  issue(exchange);
+  return exchange;
+}
+
+HeadExchange UlyssesAttention::start_packed_to_heads(Buffer send, const Tensor& full) {
+  const int64_t P = comm_.size(), B = full.dim(0), Tl = full.dim(1) / P;
+  HeadExchange exchange =
+      open_exchange(full.dtype, B, Tl, full.dim(2), HeadExchange::Unpack::to_heads, full);
+  exchange.send = std::move(send);
+  issue(exchange);
+  return exchange;
+}
+
+HeadExchange UlyssesAttention::start_stage_to_heads(const Tensor& x, int stage,
+                                                    const Tensor& full) {
+  HeadExchange exchange = open_exchange(x.dtype, x.dim(0), x.dim(1), stage_q_heads(),
+                                        HeadExchange::Unpack::to_heads, full);
+  std::vector<int> first;
+  for (int p = 0; p < comm_.size(); ++p) first.push_back(stage_q_first(p, stage));
+  pack_tokens(exchange, x, first);
+  issue(exchange);
+  return exchange;
+}
+
+HeadExchange UlyssesAttention::start_stage_to_tokens(const Tensor& full, int stage,
+                                                    const Tensor& x) {
+  HeadExchange exchange = open_exchange(x.dtype, x.dim(0), x.dim(1), stage_q_heads(),
+                                        HeadExchange::Unpack::to_tokens, x);
+  for (int p = 0; p < comm_.size(); ++p) exchange.first_heads.push_back(stage_q_first(p, stage));
+  pack_heads(exchange, full);
+  issue(exchange);
+  return exchange;
+}
+
+HeadExchange UlyssesAttention::start_heads_to_packed(const Tensor& full, int64_t batch,
+                                                    int64_t seq_local) {
+  HeadExchange exchange = open_exchange(full.dtype, batch, seq_local, full.dim(2),
+                                        HeadExchange::Unpack::none, Tensor());
+  pack_heads(exchange, full);
   issue(exchange);
   return exchange;
 }
@@ -144,14 +234,14 @@ void UlyssesAttention::finish(HeadExchange& exchange) {
                             exchange.bytes);
   exchange.handle.reset();
   exchange.send.reset();
+  if (exchange.unpack == HeadExchange::Unpack::none) return;
 
   Profiler::Scope copies(profiler, phase::kAllToAllCopies);
   const Tensor& blocks = exchange.recv.tensor();  // [P, B, Tl, h·d]
   const Tensor& target = exchange.target;
-  const int64_t P = comm_.size();
-  const int64_t h = exchange.kv ? kv_heads_per_rank_ : heads_per_rank_;
+  const int64_t P = comm_.size(), h = exchange.heads;
   const int64_t head_bytes = head_dim_ * int64_t(dtype_size(blocks.dtype));
-  if (exchange.to_heads) {
+  if (exchange.unpack == HeadExchange::Unpack::to_heads) {
     const int64_t B = target.dim(0), N = target.dim(1), Tl = N / P;
     const int64_t block_bytes = B * Tl * h * head_bytes;
     for (int i = 0; i < P; ++i)
@@ -160,13 +250,12 @@ void UlyssesAttention::finish(HeadExchange& exchange) {
                        B);
   } else {
     const int64_t B = target.dim(0), Tl = target.dim(1), heads = target.dim(2);
-    const bool sum_replicas = exchange.kv && kv_replicated_;
-    const int ranks_per_head = sum_replicas ? int(P / n_kv_heads_) : 1;
+    const int ranks_per_head = exchange.sum_replicas ? int(P / n_kv_heads_) : 1;
     for (int p = 0; p < P; p += ranks_per_head) {
       Tensor block = blocks.slice_rows(p, p + 1);
       for (int j = 1; j < ranks_per_head; ++j)
         backend_.axpy(block, blocks.slice_rows(p + j, p + j + 1), 1.0f);
-      backend_.copy_2d(bytes_at(target, first_head(p, exchange.kv) * head_bytes),
+      backend_.copy_2d(bytes_at(target, exchange.first_heads[size_t(p)] * head_bytes),
                        heads * head_bytes, block.data, h * head_bytes, h * head_bytes, B * Tl);
     }
   }

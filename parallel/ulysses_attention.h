@@ -4,6 +4,8 @@
 // and a second all-to-all turns the output back. Backward mirrors it.
 #pragma once
 
+#include <vector>
+
 #include "kernels/backend.h"
 #include "kernels/profiler.h"
 #include "parallel/comm.h"
@@ -21,12 +23,19 @@ struct AttentionState {
 // One all-to-all between the token layout [B, Tl, Hx, d] and the head layout [B, N, h, d],
 // issued and not yet finished: the schedule may place work between start and finish.
 struct HeadExchange {
+  enum class Unpack {
+    to_heads,   // into target[B, N, h, d]
+    to_tokens,  // into target[B, Tl, Hx, d]: rank p's h heads from first_heads[p] on
+    none,       // recv stays packed [P, B, Tl, h·d] (block p from rank p) for the caller
+  };
   Buffer send, recv;
-  Tensor target;         // what finish() fills
-  bool kv = false;       // kv heads (k, v and their gradients) rather than q heads
-  bool to_heads = true;  // tokens → heads, or back
-  double issued_at = 0;  // profiler time of the issue
-  int64_t bytes = 0;     // sent by this rank to the others
+  Tensor target;
+  Unpack unpack = Unpack::to_heads;
+  int64_t heads = 0;             // h: heads of each rank's block
+  std::vector<int> first_heads;  // to_tokens
+  bool sum_replicas = false;     // to_tokens: ranks sharing a kv head send gradients to add
+  double issued_at = 0;          // profiler time of the issue
+  int64_t bytes = 0;             // sent by this rank to the others
   // Last, so that it is destroyed first: a dropped exchange waits before its buffers go.
   CommHandle handle;
 };
@@ -36,7 +45,11 @@ class UlyssesAttention {
   // Throws std::invalid_argument unless P divides n_heads, n_kv_heads divides n_heads, and
   // either P divides n_kv_heads (kv heads are split like q heads) or n_kv_heads divides P
   // (each rank gets the one kv head its q heads read).
-  UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads, int n_kv_heads, int head_dim);
+  // With head_chunks U (UPipe), attention may also run in U stages (below): U must divide the
+  // heads per rank, and a stage's heads must cover whole groups of query heads per kv head or
+  // lie inside one (valid_head_chunks).
+  UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads, int n_kv_heads, int head_dim,
+                   int head_chunks = 1);
 
   // q[B, Tl, H, d], k/v[B, Tl, Hkv, d]: this rank's Tl = N/P tokens, all heads.
   // out[B, Tl, H, d] (caller-allocated). Fills state.
@@ -50,10 +63,31 @@ class UlyssesAttention {
   // issues the exchange; finish: waits for it and unpacks into the target (with replicated
   // kv heads, heads → tokens sums the replicas' gradients).
   //   tokens → heads: x[B, Tl, Hx, d] → full[B, N, h, d], h = heads_per_rank() (kv:
-  //   kv_heads_per_rank()) heads → tokens: full[B, N, h, d] → x[B, Tl, Hx, d]
+  //   kv_heads_per_rank())
+  //   heads → tokens: full[B, N, h, d] → x[B, Tl, Hx, d]
   HeadExchange start_tokens_to_heads(const Tensor& x, bool kv, const Tensor& full);
   HeadExchange start_heads_to_tokens(const Tensor& full, bool kv, const Tensor& x);
   void finish(HeadExchange& exchange);
+
+  // ---- head stages (UPipe, parallel.head_chunks = U) ----------------------------------
+  // Stage s covers, for every rank p, the q heads [stage_q_first(p, s), + stage_q_heads())
+  // and the kv heads they read, [stage_kv_first(p, s), + stage_kv_heads()); rank p runs
+  // attention on them for all N tokens. A stage's q/k/v projections are computed straight
+  // into a send buffer [P, B, Tl, n·d] whose block p holds rank p's heads.
+  int head_chunks() const { return head_chunks_; }
+  int stage_q_heads() const { return heads_per_rank_ / head_chunks_; }
+  int stage_kv_heads() const;
+  int stage_q_first(int p, int stage) const;
+  int stage_kv_first(int p, int stage) const;
+  // tokens → heads of a send buffer packed by the caller: full[B, N, n, d].
+  HeadExchange start_packed_to_heads(Buffer send, const Tensor& full);
+  // tokens → heads of stage s's q heads of x[B, Tl, H, d] (out or dout): full[B, N, n, d].
+  HeadExchange start_stage_to_heads(const Tensor& x, int stage, const Tensor& full);
+  // heads → tokens into stage s's q heads of x[B, Tl, H, d].
+  HeadExchange start_stage_to_tokens(const Tensor& full, int stage, const Tensor& x);
+  // heads → tokens left packed: finish() leaves recv [P, B, Tl, n·d] whose block p holds
+  // this rank's tokens of rank p's heads (the layout the stage's projections used).
+  HeadExchange start_heads_to_packed(const Tensor& full, int64_t batch, int64_t seq_local);
 
   int heads_per_rank() const { return heads_per_rank_; }
   // kv heads each rank holds during attention: Hkv/P when split, 1 when replicated.
@@ -61,13 +95,18 @@ class UlyssesAttention {
   bool kv_replicated() const { return kv_replicated_; }
 
  private:
-  // A new exchange with its send and receive buffers [P, B, Tl, h·d] (B, Tl and the dtype
-  // from local, the token-layout tensor), for the caller to pack; issue() starts it.
-  HeadExchange open_exchange(const Tensor& local, bool kv, bool to_heads, const Tensor& target);
+  // A new exchange with its send and receive buffers [P, batch, seq_local, heads·d].
+  HeadExchange open_exchange(DType dtype, int64_t batch, int64_t seq_local, int64_t heads,
+                             HeadExchange::Unpack unpack, const Tensor& target);
+  // Packs rank p's `heads` heads of x[B, Tl, Hx, d], from first_heads[p] on, into block p.
+  void pack_tokens(HeadExchange& exchange, const Tensor& x, const std::vector<int>& first_heads);
+  // Packs full[B, N, h, d] by token slice: block i gets rank i's tokens.
+  void pack_heads(HeadExchange& exchange, const Tensor& full);
   void issue(HeadExchange& exchange);
   // Both halves at once, where nothing is placed between them.
   void exchange_now(HeadExchange pending) { finish(pending); }
-  // First head of x's head axis that rank p works on.
+  // First head of x's head axis that rank p works on, for every p.
+  std::vector<int> first_heads(bool kv) const;
   int first_head(int p, bool kv) const;
   void check_local(const Tensor& x, int heads, const char* what) const;
 
@@ -76,6 +115,12 @@ class UlyssesAttention {
   int n_heads_, n_kv_heads_, head_dim_;
   int heads_per_rank_, kv_heads_per_rank_;
   bool kv_replicated_;
+  int head_chunks_;
 };
+
+// The head_chunks that work for these head counts on sp ranks, ascending: U divides the
+// n_heads / sp heads per rank, and a stage's h/U q heads cover whole groups of
+// n_heads / n_kv_heads q heads per kv head, or lie inside one.
+std::vector<int> valid_head_chunks(int n_heads, int n_kv_heads, int sp);
 
 }  // namespace ulysses
