@@ -17,6 +17,7 @@
 
 #include "data/dataset.h"
 #include "data/synthetic.h"
+#include "parallel/ulysses_attention.h"
 
 namespace ulysses {
 
@@ -772,8 +773,6 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   check_model_size(reader, c);
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
-  if (c.parallel.head_chunks != 1)
-    reader.fail("parallel.head_chunks", "head chunking is not implemented yet; use 1");
   if (c.parallel.overlap)
     reader.fail("parallel.overlap", "communication overlap is not implemented yet; use false");
   if (c.memory.tiled_mlp)
@@ -869,13 +868,25 @@ void validate_for_world(const Config& config, int world_size) {
                       (below > 0 ? std::to_string(below) + " or " : "") +
                       std::to_string(below + sp));
   }
-  int heads_per_rank = n_heads / sp;
-  if (heads_per_rank % config.parallel.head_chunks != 0) {
+  const int heads_per_rank = n_heads / sp;
+  const std::vector<int> chunks = valid_head_chunks(n_heads, n_kv_heads, sp);
+  if (std::find(chunks.begin(), chunks.end(), config.parallel.head_chunks) == chunks.end()) {
+    std::vector<std::string> valid;
+    for (int u : chunks) valid.push_back(std::to_string(u));
+    const bool divides = heads_per_rank % config.parallel.head_chunks == 0;
     throw ConfigError("parallel.head_chunks=" + std::to_string(config.parallel.head_chunks) +
-                      " does not divide the " + std::to_string(heads_per_rank) +
-                      " heads per rank (model.n_heads=" + std::to_string(n_heads) +
-                      " / parallel.sp=" + std::to_string(sp) + "); head_chunks can be " +
-                      join_choices(divisors_of(heads_per_rank)));
+                      (divides
+                           ? " splits the " + std::to_string(heads_per_rank) +
+                                 " heads per rank into stages of " +
+                                 std::to_string(heads_per_rank / config.parallel.head_chunks) +
+                                 ", which neither hold whole groups of the " +
+                                 std::to_string(n_heads / n_kv_heads) +
+                                 " query heads per kv head nor lie inside one (model.n_kv_heads=" +
+                                 std::to_string(n_kv_heads) + ")"
+                           : " does not divide the " + std::to_string(heads_per_rank) +
+                                 " heads per rank (model.n_heads=" + std::to_string(n_heads) +
+                                 " / parallel.sp=" + std::to_string(sp) + ")") +
+                      "; head_chunks can be " + join_choices(valid));
   }
 }
 

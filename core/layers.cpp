@@ -1,15 +1,14 @@
 #include "core/layers.h"
 
+#include "core/staged_attention.h"
+
 namespace ulysses {
 
 namespace {
 
 using R = ParamRole;
 
-// q/k/v projection weights: separate tensors in llama, row blocks of c_attn in gpt2.
-struct QkvTensors {
-  Tensor wq, wk, wv, bq, bk, bv;
-};
+}  // namespace
 
 QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width) {
   if (!t[R::q_weight].empty()) return {t[R::q_weight], t[R::k_weight], t[R::v_weight], {}, {}, {}};
@@ -22,8 +21,6 @@ QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width)
           b.flat_range(q_width, kv_width),
           b.flat_range(q_width + kv_width, kv_width)};
 }
-
-}  // namespace
 
 LayerTensors layer_tensors(const ParamTable& table, const Tensor& window, int64_t window_begin,
                            int layer) {
@@ -77,7 +74,13 @@ BlockActivations Block::allocate_activations(const BlockShape& shape) const {
   BlockActivations acts;
   acts.norm1 = act({rows, C}, "attention norm output");
   acts.rstd1 = stat("attention norm rstd");
-  if (attention_.heads_per_rank() == H) {  // sp == 1: the attention state views these
+  if (staged()) {  // the lse of each stage, for its backward; q/k/v/out are recomputed
+    acts.attention.lse =
+        backend_.alloc(MemCategory::attention, DType::f32,
+                       {attention_.head_chunks(), shape.batch, attention_.stage_q_heads(),
+                        shape.seq_local * attention_.ranks()},
+                       "attention lse (per head stage)");
+  } else if (attention_.heads_per_rank() == H) {  // sp == 1: the attention state views these
     acts.q = att({shape.batch, shape.seq_local, H, d}, "q");
     acts.k = att({shape.batch, shape.seq_local, Hkv, d}, "k");
     acts.v = att({shape.batch, shape.seq_local, Hkv, d}, "v");
@@ -106,9 +109,11 @@ BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
   BlockScratch s;
   s.dnorm = scratch({rows, C}, "d norm output");
   s.dattn = scratch({rows, H * d}, "d attention output");
-  s.dq = scratch({shape.batch, shape.seq_local, H, d}, "dq");
-  s.dk = scratch({shape.batch, shape.seq_local, Hkv, d}, "dk");
-  s.dv = scratch({shape.batch, shape.seq_local, Hkv, d}, "dv");
+  if (!staged()) {  // head stages project and reduce per stage instead
+    s.dq = scratch({shape.batch, shape.seq_local, H, d}, "dq");
+    s.dk = scratch({shape.batch, shape.seq_local, Hkv, d}, "dk");
+    s.dv = scratch({shape.batch, shape.seq_local, Hkv, d}, "dv");
+  }
   s.dff_a = scratch({rows, F}, "d mlp a");
   s.dff_b = scratch({rows, F}, "d mlp b");
   return s;
@@ -143,21 +148,26 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
   // attention: x -> norm1 -> q, k, v -> (RoPE) -> Ulysses attention -> o_proj, + x
   Profiler& profiler = backend_.profiler();
   norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight], w[R::attn_norm_bias]);
-  const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
-  const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
-  const Tensor& v = acts.v.empty() ? scratch.dv.tensor() : acts.v.tensor();
-  {
-    Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-                               qkv_flops(rows));
-    linear_forward(backend_, q.reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
-    linear_forward(backend_, k.reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
-    linear_forward(backend_, v.reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
+  if (staged()) {
+    staged_attention_forward(backend_, attention_, {qkv, shape, acts.norm1, llama_ ? theta : 0.0f},
+                             acts.attn_out, acts.attention.lse);
+  } else {
+    const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
+    const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
+    const Tensor& v = acts.v.empty() ? scratch.dv.tensor() : acts.v.tensor();
+    {
+      Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+                                 qkv_flops(rows));
+      linear_forward(backend_, q.reshape({rows, H * d}), acts.norm1, qkv.wq, qkv.bq);
+      linear_forward(backend_, k.reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
+      linear_forward(backend_, v.reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
+    }
+    if (llama_) {
+      backend_.rope(q, shape.pos_offset, theta, false);
+      backend_.rope(k, shape.pos_offset, theta, false);
+    }
+    attention_.forward(q, k, v, acts.attn_out, acts.attention);
   }
-  if (llama_) {
-    backend_.rope(q, shape.pos_offset, theta, false);
-    backend_.rope(k, shape.pos_offset, theta, false);
-  }
-  attention_.forward(q, k, v, acts.attn_out, acts.attention);
   backend_.copy(acts.mid, x);
   {
     Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
@@ -223,13 +233,16 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
     linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual,
                     acts.attn_out.tensor().reshape({rows, H * d}), w[R::o_weight]);
   }
-  attention_.backward(s.dattn.tensor().reshape({shape.batch, shape.seq_local, H, d}),
-                      acts.attention, s.dq, s.dk, s.dv);
-  if (llama_) {
-    backend_.rope(s.dq, shape.pos_offset, theta, true);
-    backend_.rope(s.dk, shape.pos_offset, theta, true);
-  }
-  {
+  const Tensor dattn = s.dattn.tensor().reshape({shape.batch, shape.seq_local, H, d});
+  if (staged()) {
+    staged_attention_backward(backend_, attention_, {qkv, shape, acts.norm1, llama_ ? theta : 0.0f},
+                              dqkv, acts.attn_out, acts.attention.lse, dattn, s.dnorm);
+  } else {
+    attention_.backward(dattn, acts.attention, s.dq, s.dk, s.dv);
+    if (llama_) {
+      backend_.rope(s.dq, shape.pos_offset, theta, true);
+      backend_.rope(s.dk, shape.pos_offset, theta, true);
+    }
     Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
                                2.0 * qkv_flops(rows));
     linear_backward(backend_, s.dnorm, false, dqkv.wq, dqkv.bq,

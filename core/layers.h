@@ -22,6 +22,13 @@ struct LayerTensors {
 LayerTensors layer_tensors(const ParamTable& table, const Tensor& window, int64_t window_begin,
                            int layer);
 
+// q/k/v projection weights (or their gradients) [heads·d, C] and biases: separate tensors
+// in llama, row blocks of c_attn in gpt2 (biases empty in llama).
+struct QkvTensors {
+  Tensor wq, wk, wv, bq, bk, bv;
+};
+QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width);
+
 // Everything a block keeps from forward for its backward.
 struct BlockActivations {
   Buffer norm1, mean1, rstd1;  // [R, C], [R], [R]  (mean only for layernorm)
@@ -66,6 +73,8 @@ class Block {
                 const Tensor& dresidual) const;
 
  private:
+  // Attention in head stages (core/staged_attention.h): parallel.head_chunks > 1.
+  bool staged() const { return attention_.head_chunks() > 1; }
   // Forward FLOPs of the q/k/v projections and of the MLP over `rows` tokens (backward: 2×).
   double qkv_flops(int64_t rows) const;
   double mlp_flops(int64_t rows) const;

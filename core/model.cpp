@@ -57,7 +57,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
              config.parallel.prefetch ? 2 : 1),
       prefetch_(config.parallel.prefetch),
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
-                 config.model.head_dim()),
+                 config.model.head_dim(), config.parallel.head_chunks),
       block_(config.model, backend, attention_),
       recompute_(config.memory.activation_checkpointing == "layer") {
   const int64_t rows = batch * seq_local, C = model_.d_model;

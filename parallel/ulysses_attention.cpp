@@ -132,8 +132,8 @@ void UlyssesAttention::pack_tokens(HeadExchange& exchange, const Tensor& x,
   Profiler::Scope copies(backend_.profiler(), phase::kAllToAllCopies);
   for (int p = 0; p < P; ++p)
     backend_.copy_2d(bytes_at(exchange.send, p * block_bytes), h * head_bytes,
-                     bytes_at(x, first[size_t(p)] * head_bytes), heads * head_bytes,
-                     h * head_bytes, B * Tl);
+                     bytes_at(x, first[size_t(p)] * head_bytes), heads * head_bytes, h * head_bytes,
+                     B * Tl);
 }
 
 // send[i][b, t, :] = full[b, i·Tl + t, :]
@@ -205,7 +205,7 @@ HeadExchange UlyssesAttention::start_stage_to_heads(const Tensor& x, int stage,
 }
 
 HeadExchange UlyssesAttention::start_stage_to_tokens(const Tensor& full, int stage,
-                                                    const Tensor& x) {
+                                                     const Tensor& x) {
   HeadExchange exchange = open_exchange(x.dtype, x.dim(0), x.dim(1), stage_q_heads(),
                                         HeadExchange::Unpack::to_tokens, x);
   for (int p = 0; p < comm_.size(); ++p) exchange.first_heads.push_back(stage_q_first(p, stage));
@@ -215,7 +215,7 @@ HeadExchange UlyssesAttention::start_stage_to_tokens(const Tensor& full, int sta
 }
 
 HeadExchange UlyssesAttention::start_heads_to_packed(const Tensor& full, int64_t batch,
-                                                    int64_t seq_local) {
+                                                     int64_t seq_local) {
   HeadExchange exchange = open_exchange(full.dtype, batch, seq_local, full.dim(2),
                                         HeadExchange::Unpack::none, Tensor());
   pack_heads(exchange, full);

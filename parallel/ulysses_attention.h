@@ -89,6 +89,7 @@ class UlyssesAttention {
   // this rank's tokens of rank p's heads (the layout the stage's projections used).
   HeadExchange start_heads_to_packed(const Tensor& full, int64_t batch, int64_t seq_local);
 
+  int ranks() const { return comm_.size(); }
   int heads_per_rank() const { return heads_per_rank_; }
   // kv heads each rank holds during attention: Hkv/P when split, 1 when replicated.
   int kv_heads_per_rank() const { return kv_heads_per_rank_; }

@@ -423,17 +423,22 @@ TEST(ValidateForWorld, SeqLenMustSplitEvenly) {
   EXPECT_TRUE(contains(message, "248 or 252")) << message;
 }
 
-TEST(ValidateForWorld, HeadChunksMustDivideTheHeadsPerRank) {
-  // head_chunks > 1 is refused at parse time until head chunking exists; the world check
-  // still guards a config built in code.
-  Config config = config_with("parallel:\n  sp: 2\nmodel:\n  n_heads: 8\n");
-  config.parallel.head_chunks = 3;
+TEST(ValidateForWorld, HeadChunksMustSplitEachRanksHeadsIntoWholeStages) {
+  Config config = config_with("parallel:\n  sp: 2\n  head_chunks: 3\nmodel:\n  n_heads: 8\n");
   std::string message = world_error(config, 2);
   EXPECT_TRUE(contains(message, "parallel.head_chunks=3 does not divide the 4 heads per rank"))
       << message;
   EXPECT_TRUE(contains(message, "1, 2 or 4")) << message;
   config.parallel.head_chunks = 4;
   EXPECT_NO_THROW(validate_for_world(config, 4));
+  // 24 heads in groups of 6 per kv head, 12 per rank: stages of 4 heads would straddle groups.
+  Config gqa = config_with(
+      "parallel:\n  sp: 2\n  head_chunks: 3\nmodel:\n  n_heads: 24\n  n_kv_heads: 4\n  "
+      "d_model: 96\n");
+  message = world_error(gqa, 2);
+  EXPECT_TRUE(contains(message, "stages of 4, which neither hold whole groups of the 6"))
+      << message;
+  EXPECT_TRUE(contains(message, "head_chunks can be 1, 2, 4, 6 or 12")) << message;
 }
 
 TEST(Config, AFolderGivenAsTheConfigIsRefused) {
@@ -482,7 +487,6 @@ TEST(Config, EveryZeroStageIsAccepted) {
 
 TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"parallel:\n  head_chunks: 2\n", "parallel.head_chunks"},
       {"parallel:\n  overlap: true\n", "parallel.overlap"},
       {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"}};
   for (const auto& [yaml, key] : cases) {
