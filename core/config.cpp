@@ -95,6 +95,7 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(parallel.timeout_s),
       ULYSSES_FIELD(memory.activation_checkpointing),
       ULYSSES_FIELD(memory.tiled_mlp),
+      ULYSSES_FIELD(memory.offload_checkpoints),
       ULYSSES_FIELD(memory.loss_tile_tokens),
       ULYSSES_FIELD(memory.limit_gib),
       ULYSSES_FIELD(kernels.attention),
@@ -618,6 +619,14 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   check.choice("memory.activation_checkpointing", c.memory.activation_checkpointing,
                {"none", "layer"});
   check.at_least("memory.loss_tile_tokens", c.memory.loss_tile_tokens, 1);
+  {
+    int tiles = 0;
+    const std::string& tiled = c.memory.tiled_mlp;
+    if (tiled != "false" && tiled != "auto" && !(parse_integer(tiled, tiles) && tiles >= 1))
+      reader.fail("memory.tiled_mlp", "'" + tiled +
+                                          "' is not allowed; use false, auto or a tile "
+                                          "count >= 1");
+  }
   check.at_least("memory.limit_gib", c.memory.limit_gib, 0.0);
   // A limit that rounds to a few bytes is a typo for 0 (no limit), and the byte count must
   // fit an int64.
@@ -775,8 +784,14 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   // a run never silently differs from what its config says.
   if (c.parallel.overlap)
     reader.fail("parallel.overlap", "communication overlap is not implemented yet; use false");
-  if (c.memory.tiled_mlp)
-    reader.fail("memory.tiled_mlp", "tiled MLP is not implemented yet; use false");
+  if (c.memory.offload_checkpoints && c.memory.activation_checkpointing != "layer")
+    reader.fail("memory.offload_checkpoints",
+                "offloads the layer inputs that layer checkpointing keeps, but " +
+                    check.show("memory.activation_checkpointing"));
+  if (c.memory.offload_checkpoints && c.device == "cuda")
+    reader.fail("memory.offload_checkpoints",
+                "is not built for device: cuda yet (pinned host copies on a side stream); use "
+                "false");
 }
 
 // ---- YAML output -----------------------------------------------------------------------
@@ -888,6 +903,19 @@ void validate_for_world(const Config& config, int world_size) {
                                  " / parallel.sp=" + std::to_string(sp) + ")") +
                       "; head_chunks can be " + join_choices(valid));
   }
+}
+
+int64_t mlp_tiles(const MemoryConfig& memory, int64_t rows, int d_model, int d_ff,
+                  int intermediates) {
+  int64_t tiles = 1;
+  if (memory.tiled_mlp == "auto") {
+    tiles = (int64_t(intermediates) * d_ff + d_model - 1) / d_model;
+  } else if (memory.tiled_mlp != "false") {
+    int count = 1;
+    parse_integer(memory.tiled_mlp, count);
+    tiles = count;
+  }
+  return std::max<int64_t>(1, std::min(tiles, rows));
 }
 
 long double approximate_parameter_count(const ModelConfig& m) {

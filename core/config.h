@@ -83,7 +83,11 @@ struct ParallelConfig {
 
 struct MemoryConfig {
   std::string activation_checkpointing = "none";  // none | layer
-  bool tiled_mlp = false;
+  // The MLP over tiles of this rank's rows, so [R, d_ff] never exists whole: false, auto
+  // (a tile's intermediates about the size of the layer input) or a tile count.
+  std::string tiled_mlp = "false";
+  // Layer inputs kept for the recompute live in host memory (with layer checkpointing).
+  bool offload_checkpoints = false;
   int loss_tile_tokens = 256;
   double limit_gib = 0.0;  // 0 = unlimited (cpu)
 };
@@ -112,6 +116,12 @@ struct Config {
   KernelsConfig kernels;
   LogConfig log;
 };
+
+// memory.tiled_mlp as a tile count for a slice of `rows` tokens: 1 when off; auto keeps a
+// tile's intermediates (`intermediates` [rows, d_ff] tensors) about the size of the layer
+// input [rows, d_model]. Never more tiles than rows.
+int64_t mlp_tiles(const MemoryConfig& memory, int64_t rows, int d_model, int d_ff,
+                  int intermediates);
 
 // Reads a YAML file, applies "a.b=value" overrides, checks every key, type and range and
 // fills defaults that depend on other keys. Throws ConfigError naming the key and line.

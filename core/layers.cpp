@@ -1,5 +1,7 @@
 #include "core/layers.h"
 
+#include <algorithm>
+
 #include "core/staged_attention.h"
 
 namespace ulysses {
@@ -45,8 +47,13 @@ void linear_backward(Backend& backend, const Tensor& din, bool accumulate_din,
   if (!dbias.empty()) backend.bias_backward(dbias, dout);
 }
 
-Block::Block(const ModelConfig& model, Backend& backend, UlyssesAttention& attention)
-    : model_(model), backend_(backend), attention_(attention), llama_(model.family == "llama") {}
+Block::Block(const ModelConfig& model, const MemoryConfig& memory, Backend& backend,
+             UlyssesAttention& attention)
+    : model_(model),
+      memory_(memory),
+      backend_(backend),
+      attention_(attention),
+      llama_(model.family == "llama") {}
 
 double Block::qkv_flops(int64_t rows) const {
   const double width = double(model_.n_heads + 2 * model_.n_kv_heads) * model_.head_dim();
@@ -89,9 +96,14 @@ BlockActivations Block::allocate_activations(const BlockShape& shape) const {
   acts.mid = act({rows, C}, "residual after attention");
   acts.norm2 = act({rows, C}, "mlp norm output");
   acts.rstd2 = stat("mlp norm rstd");
-  acts.ff_a = act({rows, F}, llama_ ? "mlp gate" : "mlp fc");
-  if (llama_) acts.ff_b = act({rows, F}, "mlp up");
-  acts.ff_out = act({rows, F}, "mlp activation");
+  if (mlp_tiles(rows) == 1) {  // kept for the backward; tiles recompute them
+    auto mlp = [&](const char* what) {
+      return backend_.alloc(MemCategory::mlp, dt, {rows, F}, what);
+    };
+    acts.ff_a = mlp(llama_ ? "mlp gate" : "mlp fc");
+    if (llama_) acts.ff_b = mlp("mlp up");
+    acts.ff_out = mlp("mlp activation");
+  }
   if (!llama_) {
     acts.mean1 = stat("attention norm mean");
     acts.mean2 = stat("mlp norm mean");
@@ -114,8 +126,17 @@ BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
     s.dk = scratch({shape.batch, shape.seq_local, Hkv, d}, "dk");
     s.dv = scratch({shape.batch, shape.seq_local, Hkv, d}, "dv");
   }
-  s.dff_a = scratch({rows, F}, "d mlp a");
-  s.dff_b = scratch({rows, F}, "d mlp b");
+  const int64_t tiles = mlp_tiles(rows), tile_rows = (rows + tiles - 1) / tiles;
+  auto mlp = [&](const char* what) {
+    return backend_.alloc(MemCategory::mlp, dt, {tile_rows, F}, what);
+  };
+  s.dff_a = mlp("d mlp a");
+  s.dff_b = mlp("d mlp b");
+  if (tiles > 1) {
+    s.tile_a = mlp(llama_ ? "mlp gate (tile)" : "mlp fc (tile)");
+    if (llama_) s.tile_b = mlp("mlp up (tile)");
+    s.tile_out = mlp("mlp activation (tile)");
+  }
   return s;
 }
 
@@ -182,16 +203,66 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
                w[R::mlp_norm_bias]);
   backend_.copy(out, acts.mid);
   Profiler::Scope mlp(profiler, phase::kMlp, Profiler::Kind::compute, 0, mlp_flops(rows));
-  if (llama_) {
-    linear_forward(backend_, acts.ff_a, acts.norm2, w[R::gate_weight], {});
-    linear_forward(backend_, acts.ff_b, acts.norm2, w[R::up_weight], {});
-    backend_.swiglu_forward(acts.ff_out, acts.ff_a, acts.ff_b);
-  } else {
-    linear_forward(backend_, acts.ff_a, acts.norm2, w[R::up_weight], w[R::up_bias]);
-    backend_.gelu_forward(acts.ff_out, acts.ff_a);
+  const int64_t tiles = mlp_tiles(rows);
+  if (tiles == 1) {
+    mlp_forward(w, acts.norm2, out, {acts.ff_a, acts.ff_b, acts.ff_out});
+    return;
   }
-  backend_.gemm(acts.ff_out, false, w[R::down_weight], true, out, 1.0f, 1.0f);
+  // memory.tiled_mlp: one tile of rows at a time; [rows, F] never exists.
+  const int64_t tile_rows = (rows + tiles - 1) / tiles;
+  for (int64_t begin = 0; begin < rows; begin += tile_rows) {
+    const int64_t end = std::min(rows, begin + tile_rows);
+    mlp_forward(w, acts.norm2.tensor().slice_rows(begin, end), out.slice_rows(begin, end),
+                scratch_tile(scratch, end - begin));
+  }
+}
+
+void Block::recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const {
+  if (llama_) {
+    linear_forward(backend_, mlp.a, in, w[R::gate_weight], {});
+    linear_forward(backend_, mlp.b, in, w[R::up_weight], {});
+    backend_.swiglu_forward(mlp.out, mlp.a, mlp.b);
+  } else {
+    linear_forward(backend_, mlp.a, in, w[R::up_weight], w[R::up_bias]);
+    backend_.gelu_forward(mlp.out, mlp.a);
+  }
+}
+
+int64_t Block::mlp_tiles(int64_t rows) const {
+  return ulysses::mlp_tiles(memory_, rows, model_.d_model, model_.d_ff, llama_ ? 3 : 2);
+}
+
+Block::MlpBuffers Block::scratch_tile(const BlockScratch& s, int64_t rows) const {
+  auto first = [&](const Buffer& buffer) {
+    return buffer.empty() ? Tensor() : buffer.tensor().slice_rows(0, rows);
+  };
+  return {first(s.tile_a), first(s.tile_b), first(s.tile_out)};
+}
+
+void Block::mlp_forward(const LayerTensors& w, const Tensor& in, const Tensor& out,
+                        const MlpBuffers& mlp) const {
+  recompute_mlp(w, in, mlp);
+  backend_.gemm(mlp.out, false, w[R::down_weight], true, out, 1.0f, 1.0f);
   if (!w[R::down_bias].empty()) backend_.bias_forward(out, w[R::down_bias]);
+}
+
+// dout[r, C] is d(out) of these rows; din[r, C] (overwritten) the gradient of their MLP
+// input; the weight gradients accumulate. d_a and d_b [r, F] are scratch.
+void Block::mlp_backward(const LayerTensors& w, const LayerTensors& g, const Tensor& in,
+                         const MlpBuffers& mlp, const Tensor& dout, const Tensor& din,
+                         const Tensor& d_a, const Tensor& d_b) const {
+  // The down projection's input gradient goes to d_b (llama) or d_a (gpt2).
+  const Tensor& d_act = llama_ ? d_b : d_a;
+  linear_backward(backend_, d_act, false, g[R::down_weight], g[R::down_bias], dout, mlp.out,
+                  w[R::down_weight]);
+  if (llama_) {
+    backend_.swiglu_backward(d_a, d_b, d_b, mlp.a, mlp.b);
+    linear_backward(backend_, din, false, g[R::gate_weight], {}, d_a, in, w[R::gate_weight]);
+    linear_backward(backend_, din, true, g[R::up_weight], {}, d_b, in, w[R::up_weight]);
+  } else {
+    backend_.gelu_backward(d_b, d_a, mlp.a);
+    linear_backward(backend_, din, false, g[R::up_weight], g[R::up_bias], d_b, in, w[R::up_weight]);
+  }
 }
 
 void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockShape& shape,
@@ -204,22 +275,26 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
   const float theta = float(model_.rope_theta);
 
   Profiler& profiler = backend_.profiler();
-  // MLP: dresidual is d(out); the down projection's input gradient goes to dff_out.
+  // MLP: dresidual is d(out); s.dnorm gets d(norm2 output).
   {
-    Profiler::Scope mlp(profiler, phase::kMlp, Profiler::Kind::compute, 0, 2.0 * mlp_flops(rows));
-    const Tensor& dff_out = llama_ ? s.dff_b.tensor() : s.dff_a.tensor();
-    linear_backward(backend_, dff_out, false, g[R::down_weight], g[R::down_bias], dresidual,
-                    acts.ff_out, w[R::down_weight]);
-    if (llama_) {
-      backend_.swiglu_backward(s.dff_a, s.dff_b, s.dff_b, acts.ff_a, acts.ff_b);
-      linear_backward(backend_, s.dnorm, false, g[R::gate_weight], {}, s.dff_a, acts.norm2,
-                      w[R::gate_weight]);
-      linear_backward(backend_, s.dnorm, true, g[R::up_weight], {}, s.dff_b, acts.norm2,
-                      w[R::up_weight]);
+    const int64_t tiles = mlp_tiles(rows);
+    Profiler::Scope mlp(profiler, phase::kMlp, Profiler::Kind::compute, 0,
+                        (tiles > 1 ? 3.0 : 2.0) * mlp_flops(rows));
+    if (tiles == 1) {
+      mlp_backward(w, g, acts.norm2, {acts.ff_a, acts.ff_b, acts.ff_out}, dresidual, s.dnorm,
+                   s.dff_a, s.dff_b);
     } else {
-      backend_.gelu_backward(s.dff_b, s.dff_a, acts.ff_a);
-      linear_backward(backend_, s.dnorm, false, g[R::up_weight], g[R::up_bias], s.dff_b, acts.norm2,
-                      w[R::up_weight]);
+      // Each tile's intermediates are recomputed from its rows of norm2.
+      const int64_t tile_rows = (rows + tiles - 1) / tiles;
+      for (int64_t begin = 0; begin < rows; begin += tile_rows) {
+        const int64_t end = std::min(rows, begin + tile_rows), count = end - begin;
+        const Tensor in = acts.norm2.tensor().slice_rows(begin, end);
+        const MlpBuffers tile = scratch_tile(s, count);
+        recompute_mlp(w, in, tile);
+        mlp_backward(w, g, in, tile, dresidual.slice_rows(begin, end),
+                     s.dnorm.tensor().slice_rows(begin, end), s.dff_a.tensor().slice_rows(0, count),
+                     s.dff_b.tensor().slice_rows(0, count));
+      }
     }
   }
   // mid feeds both the residual and norm2: its gradient is dresidual + the norm's.

@@ -39,6 +39,7 @@ struct BlockActivations {
   Buffer mid;                  // [R, C] residual after attention
   Buffer norm2, mean2, rstd2;  // [R, C], [R], [R]
   Buffer ff_a, ff_b, ff_out;   // llama: gate, up, silu(gate)·up; gpt2: fc, -, gelu(fc); [R, F]
+                               // (none with memory.tiled_mlp: the backward recomputes them)
 };
 
 // Shapes of one rank's share of a micro-batch.
@@ -51,15 +52,17 @@ struct BlockShape {
 // Scratch reused by every block: the backward's gradients, and with sp > 1 the forward's
 // local q/k/v too (attention keeps its own head-split copies, so they are dead after it).
 struct BlockScratch {
-  Buffer dnorm;         // [R, C]
-  Buffer dattn;         // [R, H·d]
-  Buffer dq, dk, dv;    // [B, T, H, d], [B, T, Hkv, d]
-  Buffer dff_a, dff_b;  // [R, F]
+  Buffer dnorm;                     // [R, C]
+  Buffer dattn;                     // [R, H·d]
+  Buffer dq, dk, dv;                // [B, T, H, d], [B, T, Hkv, d]
+  Buffer dff_a, dff_b;              // [R, F], or [tile, F] with memory.tiled_mlp
+  Buffer tile_a, tile_b, tile_out;  // memory.tiled_mlp: one tile's ff_a, ff_b, ff_out
 };
 
 class Block {
  public:
-  Block(const ModelConfig& model, Backend& backend, UlyssesAttention& attention);
+  Block(const ModelConfig& model, const MemoryConfig& memory, Backend& backend,
+        UlyssesAttention& attention);
 
   BlockActivations allocate_activations(const BlockShape& shape) const;
   BlockScratch allocate_scratch(const BlockShape& shape) const;
@@ -73,6 +76,21 @@ class Block {
                 const Tensor& dresidual) const;
 
  private:
+  // The MLP's intermediates for some rows: a (llama gate, gpt2 fc), b (llama up), out
+  // (the activation the down projection reads).
+  struct MlpBuffers {
+    Tensor a, b, out;
+  };
+  // memory.tiled_mlp as a tile count for this many rows (1: untiled).
+  int64_t mlp_tiles(int64_t rows) const;
+  MlpBuffers scratch_tile(const BlockScratch& scratch, int64_t rows) const;
+  // The intermediates of in's rows, then out += down projection (+ bias).
+  void recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const;
+  void mlp_forward(const LayerTensors& w, const Tensor& in, const Tensor& out,
+                   const MlpBuffers& mlp) const;
+  void mlp_backward(const LayerTensors& w, const LayerTensors& g, const Tensor& in,
+                    const MlpBuffers& mlp, const Tensor& dout, const Tensor& din, const Tensor& d_a,
+                    const Tensor& d_b) const;
   // Attention in head stages (core/staged_attention.h): parallel.head_chunks > 1.
   bool staged() const { return attention_.head_chunks() > 1; }
   // Forward FLOPs of the q/k/v projections and of the MLP over `rows` tokens (backward: 2×).
@@ -85,6 +103,7 @@ class Block {
                      const Tensor& rstd) const;
 
   const ModelConfig& model_;
+  const MemoryConfig& memory_;
   Backend& backend_;
   UlyssesAttention& attention_;
   bool llama_;

@@ -58,13 +58,17 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
       prefetch_(config.parallel.prefetch),
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim(), config.parallel.head_chunks),
-      block_(config.model, backend, attention_),
+      block_(config.model, config.memory, backend, attention_),
       recompute_(config.memory.activation_checkpointing == "layer") {
   const int64_t rows = batch * seq_local, C = model_.d_model;
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");
   targets_ = backend.alloc(MemCategory::activations, DType::i32, {rows}, "targets");
-  const MemCategory residual_category =
-      recompute_ ? MemCategory::checkpoints : MemCategory::activations;
+  // memory.offload_checkpoints: the layer inputs live in host memory. On the cpu backend that
+  // is where they are anyway: only their category says so (docs/memory.md).
+  const MemCategory residual_category = !recompute_ ? MemCategory::activations
+                                        : config.memory.offload_checkpoints
+                                            ? MemCategory::checkpoints_host
+                                            : MemCategory::checkpoints;
   for (int i = 0; i <= model_.n_layers; ++i)
     residuals_.push_back(
         backend.alloc(residual_category, backend.compute_dtype(), {rows, C}, "block input"));

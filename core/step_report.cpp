@@ -111,20 +111,23 @@ Verdict judge(const std::map<std::string, PhaseTotals>& totals, double step_seco
                       " bytes per rank reaches " + rate(context.bare_all_to_all_gbps * 1e9, 1.0) +
                       " here";
     // Far below the bare rate, the wait is for other ranks to arrive, not for the bytes.
-    const bool arriving = all_to_all_flight > 0 && context.bare_all_to_all_gbps > 0 &&
-                          all_to_all_bytes / all_to_all_flight < 0.25e9 * context.bare_all_to_all_gbps;
+    const bool arriving =
+        all_to_all_flight > 0 && context.bare_all_to_all_gbps > 0 &&
+        all_to_all_bytes / all_to_all_flight < 0.25e9 * context.bare_all_to_all_gbps;
     const bool shared_cores = context.ranks_on_node > context.cores_on_node;
     if (arriving)
-      verdict.line += std::string(", so most of the wait is for the other ranks to reach the "
-                                  "all-to-all, not for the transfer") +
+      verdict.line += std::string(
+                          ", so most of the wait is for the other ranks to reach the "
+                          "all-to-all, not for the transfer") +
                       (shared_cores ? " (" + std::to_string(context.ranks_on_node) +
                                           " ranks share " + std::to_string(context.cores_on_node) +
                                           " cores: each waits while the others compute)"
                                     : " (the ranks' work is uneven)");
     verdict.line += shared_cores ? ". Try at most one rank per core (fewer ranks, or more cores)"
                                  : ". Try longer sequences per rank (more compute per byte moved)";
-    verdict.line += ", fewer sp ranks per node, or parallel.zero_stage <= 2 when weight gathers "
-                    "dominate";
+    verdict.line +=
+        ", fewer sp ranks per node, or parallel.zero_stage <= 2 when weight gathers "
+        "dominate";
     return verdict;
   }
   if (overhead >= 0.4 * step_seconds) {

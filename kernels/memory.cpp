@@ -16,8 +16,12 @@ const char* mem_category_name(MemCategory category) {
       return "activations";
     case MemCategory::checkpoints:
       return "checkpoints";
+    case MemCategory::checkpoints_host:
+      return "checkpoints_host";
     case MemCategory::attention:
       return "attention";
+    case MemCategory::mlp:
+      return "mlp";
     case MemCategory::comm:
       return "comm";
     case MemCategory::workspace:
@@ -41,8 +45,13 @@ std::string format_bytes(int64_t bytes) {
   return text;
 }
 
+bool is_device_memory(MemCategory category) {
+  return category != MemCategory::checkpoints_host;
+}
+
 void MemoryTracker::charge(MemCategory category, int64_t bytes, const std::string& what) {
-  if (limit_bytes_ > 0 && stats_.total_current + bytes > limit_bytes_) {
+  const int64_t device_bytes = is_device_memory(category) ? bytes : 0;
+  if (limit_bytes_ > 0 && device_bytes > 0 && stats_.total_current + device_bytes > limit_bytes_) {
     throw OutOfMemoryError("out of memory: allocating " + format_bytes(bytes) + " for " + what +
                            " (" + mem_category_name(category) +
                            ") would exceed memory.limit_gib (" + format_bytes(limit_bytes_) +
@@ -50,14 +59,14 @@ void MemoryTracker::charge(MemCategory category, int64_t bytes, const std::strin
   }
   int index = int(category);
   stats_.current[index] += bytes;
-  stats_.total_current += bytes;
+  stats_.total_current += device_bytes;
   if (stats_.current[index] > stats_.peak[index]) stats_.peak[index] = stats_.current[index];
   if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
 }
 
 void MemoryTracker::release(MemCategory category, int64_t bytes) {
   stats_.current[int(category)] -= bytes;
-  stats_.total_current -= bytes;
+  if (is_device_memory(category)) stats_.total_current -= bytes;
 }
 
 void MemoryTracker::reset_peaks() {

@@ -15,12 +15,14 @@ enum class MemCategory : int {
   grads,
   optimizer,
   activations,
-  checkpoints,
+  checkpoints,       // layer inputs kept for the recompute (device)
+  checkpoints_host,  // the same, offloaded to host memory (memory.offload_checkpoints)
   attention,
+  mlp,  // the MLP's intermediates ([R, F] each, or one tile of rows with memory.tiled_mlp)
   comm,
   workspace,
 };
-constexpr int kNumMemCategories = 8;
+constexpr int kNumMemCategories = 10;
 
 const char* mem_category_name(MemCategory category);
 
@@ -30,10 +32,14 @@ class OutOfMemoryError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Whether the category is the backend's own memory (the GPU's on cuda): everything but
+// checkpoints_host. The totals and memory.limit_gib count those only.
+bool is_device_memory(MemCategory category);
+
 struct MemoryStats {
   std::array<int64_t, kNumMemCategories> current{};
   std::array<int64_t, kNumMemCategories> peak{};
-  int64_t total_current = 0;
+  int64_t total_current = 0;  // device categories
   int64_t total_peak = 0;
 };
 

@@ -128,6 +128,12 @@ const std::vector<BadConfig> kBadConfigs = {
     {"unknown non-finite policy", "train:\n  on_nonfinite: ignore\n", "train.on_nonfinite", 2,
      "abort or skip"},
     {"no skips allowed", "train:\n  max_skipped_steps: 0\n", "train.max_skipped_steps", 2, ">= 1"},
+    {"tiled mlp of yes", "memory:\n  tiled_mlp: true\n", "memory.tiled_mlp", 2,
+     "use false, auto or a tile count"},
+    {"tiled mlp of no tiles", "memory:\n  tiled_mlp: 0\n", "memory.tiled_mlp", 2,
+     "use false, auto or a tile count >= 1"},
+    {"offload without checkpointing", "memory:\n  offload_checkpoints: true\n",
+     "memory.offload_checkpoints", 2, "memory.activation_checkpointing = 'none'"},
     {"no traced steps", "log:\n  trace_steps: 0\n", "log.trace_steps", 2, ">= 1"},
     {"negative watchdog timeout", "parallel:\n  timeout_s: -1\n", "parallel.timeout_s", 2, ">= 0"},
     {"model too wide", "model:\n  d_model: 1073741824\n  n_heads: 4\n  d_ff: 64\n", "model.d_model",
@@ -358,7 +364,7 @@ log:
   EXPECT_FALSE(back.parallel.overlap);
   EXPECT_EQ(back.parallel.bucket_mb, 12.5);
   EXPECT_EQ(back.memory.activation_checkpointing, "none");
-  EXPECT_FALSE(back.memory.tiled_mlp);
+  EXPECT_EQ(back.memory.tiled_mlp, "false");
   EXPECT_EQ(back.memory.loss_tile_tokens, 128);
   EXPECT_EQ(back.memory.limit_gib, 1.5);
   EXPECT_EQ(back.kernels.attention, "native");
@@ -485,10 +491,20 @@ TEST(Config, EveryZeroStageIsAccepted) {
               stage);
 }
 
+TEST(Config, MlpTilesFollowTheSetting) {
+  MemoryConfig memory;
+  EXPECT_EQ(mlp_tiles(memory, 1000, 64, 176, 3), 1);
+  memory.tiled_mlp = "4";
+  EXPECT_EQ(mlp_tiles(memory, 1000, 64, 176, 3), 4);
+  EXPECT_EQ(mlp_tiles(memory, 3, 64, 176, 3), 3);  // never more tiles than rows
+  memory.tiled_mlp = "auto";  // 3 intermediates of 176 per row against 64: ceil(8.25)
+  EXPECT_EQ(mlp_tiles(memory, 1000, 64, 176, 3), 9);
+  EXPECT_EQ(mlp_tiles(memory, 1000, 64, 256, 2), 8);
+}
+
 TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"parallel:\n  overlap: true\n", "parallel.overlap"},
-      {"memory:\n  tiled_mlp: true\n", "memory.tiled_mlp"}};
+      {"parallel:\n  overlap: true\n", "parallel.overlap"}};
   for (const auto& [yaml, key] : cases) {
     try {
       parse_config(yaml, {}, "c.yaml");

@@ -1,0 +1,147 @@
+// The activation-memory options (docs/memory.md) proven on tracked bytes under mpirun with 2
+// and 4 ranks: head chunks (UPipe) cut the attention peak to about 1/U, a tiled MLP cuts the
+// MLP peak by the tile count and gives the untiled results, and with everything on
+// (ZeRO-3, layer checkpointing, offloaded layer inputs, one head per stage, tiled MLP) the
+// device memory of a step does not grow with the number of layers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "core/config.h"
+#include "core/trainer.h"
+#include "kernels/backend.h"
+#include "parallel/mesh.h"
+#include "tests/mpi/mpi_testing.h"
+#include "tests/mpi/trainer_testing.h"
+
+namespace ulysses {
+namespace {
+
+class MemoryOptions : public testing::MpiTest {
+ protected:
+  // The tracked peaks of one training step.
+  MemoryStats step_peaks(const Config& config) {
+    auto backend = make_backend("cpu", 0);
+    backend->set_num_threads(1);
+    Mesh mesh = make_mesh(world(), config.parallel.sp);
+    Trainer trainer(config, *backend, mesh);
+    trainer.train_step();  // first touches and one-off buffers out of the way
+    backend->memory().reset_peaks();
+    trainer.train_step();
+    return backend->memory().stats();
+  }
+};
+
+// A model wide enough in heads for stages: 16 heads of dim 8, sp = the world.
+Config wide_config(const std::string& family, int kv_heads, int layers, int sp) {
+  Config config = testing::tiny_training_config(family, 4, sp, 2);
+  config.model.n_layers = layers;
+  config.model.d_model = 128;
+  config.model.n_heads = 16;
+  config.model.n_kv_heads = kv_heads;
+  config.model.d_ff = family == "llama" ? 352 : 512;
+  config.train.seq_len = 256;
+  config.model.max_seq_len = 256;
+  config.train.grad_accum = 1;
+  config.memory.activation_checkpointing = "layer";
+  return config;
+}
+
+int64_t peak(const MemoryStats& stats, MemCategory category) {
+  return stats.peak[int(category)];
+}
+
+// Per stage the full-sequence q/k/v/out (and the backward's dout/dq/dk/dv) of h/U heads live
+// at once; what stays is the layer's attention output [B, Tl, H, d] and the lse of every
+// stage [B, H/P, N] f32.
+TEST_F(MemoryOptions, HeadChunksCutTheAttentionPeakToOneStage) {
+  const int P = world().size();
+  for (const auto& [family, kv_heads] : {std::pair{"gpt2", 16}, std::pair{"llama", 4}}) {
+    Config config = wide_config(family, kv_heads, 2, P);
+    const MemoryStats one = step_peaks(config);
+    const int64_t B = 2, Tl = 256 / P, H = 16, d = 8, N = 256;
+    const int64_t fixed = B * Tl * H * d * 4 + B * (H / P) * N * 4;
+    // Stages of at least one whole kv group, so k and v shrink with q.
+    const int group = 16 / kv_heads, per_rank = 16 / P;
+    for (int chunks = 2; chunks <= per_rank / group; chunks *= 2) {
+      config.parallel.head_chunks = chunks;
+      const MemoryStats staged = step_peaks(config);
+      const double bound =
+          (1.0 / chunks + 0.05) * double(peak(one, MemCategory::attention)) + double(fixed);
+      EXPECT_LE(double(peak(staged, MemCategory::attention)), bound)
+          << family << " head_chunks " << chunks << ": U = 1 peaks at "
+          << peak(one, MemCategory::attention);
+    }
+  }
+}
+
+TEST_F(MemoryOptions, TiledMlpCutsTheMlpPeakByTheTileCount) {
+  for (const std::string family : {"llama", "gpt2"}) {
+    Config config = wide_config(family, family == "llama" ? 4 : 16, 2, world().size());
+    const int64_t untiled = peak(step_peaks(config), MemCategory::mlp);
+    config.memory.tiled_mlp = "4";
+    const int64_t tiled = peak(step_peaks(config), MemCategory::mlp);
+    EXPECT_LE(tiled, untiled / 4) << family << ": untiled " << untiled;
+    EXPECT_GT(tiled, 0) << family;
+  }
+}
+
+TEST_F(MemoryOptions, TiledMlpGivesTheUntiledLossesAndGradients) {
+  for (const std::string family : {"llama", "gpt2"}) {
+    for (const std::string tiles : {"4", "auto"}) {
+      Config config = testing::tiny_training_config(family, 2, world().size(), 2);
+      if (family == "gpt2") config.model.n_kv_heads = config.model.n_heads;
+      const testing::TrainingOutcome one = testing::train_for(config, world(), 1);
+      const testing::TrainingOutcome longer = testing::train_for(config, world(), 3);
+      config.memory.tiled_mlp = tiles;
+      const testing::TrainingOutcome tiled = testing::train_for(config, world(), 1);
+      const testing::TrainingOutcome tiled_longer = testing::train_for(config, world(), 3);
+      const std::string where = family + " tiled_mlp " + tiles;
+      for (size_t i = 0; i < longer.losses.size(); ++i)
+        EXPECT_NEAR(tiled_longer.losses[i], longer.losses[i], 1e-6 * longer.losses[i]) << where;
+      std::map<std::string, double> difference, largest;
+      for (size_t i = 0; i < one.grads.size(); ++i) {
+        difference[one.names[i]] =
+            std::max(difference[one.names[i]], double(std::abs(tiled.grads[i] - one.grads[i])));
+        largest[one.names[i]] = std::max(largest[one.names[i]], double(std::abs(one.grads[i])));
+      }
+      for (const auto& [name, diff] : difference)
+        EXPECT_LE(diff, 1e-6 * largest[name]) << where << ": " << name;
+    }
+  }
+}
+
+// ZeRO-3, layer checkpointing with the layer inputs offloaded, one head per stage and a tiled
+// MLP: what the device holds for a step is one layer's working set, the same for 2 and 4
+// layers; only the host's copies of the layer inputs grow, one [B·Tl, C] per layer.
+TEST_F(MemoryOptions, WithEverythingOnTheDeviceHoldsTheSameForAnyDepth) {
+  const int P = world().size();
+  auto activation_bytes = [](const MemoryStats& stats) {
+    int64_t sum = 0;
+    for (MemCategory category :
+         {MemCategory::activations, MemCategory::checkpoints, MemCategory::attention,
+          MemCategory::mlp, MemCategory::comm, MemCategory::workspace})
+      sum += peak(stats, category);
+    return sum;
+  };
+  std::map<int, MemoryStats> by_depth;
+  for (int layers : {2, 4}) {
+    Config config = wide_config("gpt2", 16, layers, P);
+    config.parallel.zero_stage = 3;
+    config.parallel.head_chunks = 16 / P;
+    config.memory.offload_checkpoints = true;
+    config.memory.tiled_mlp = "auto";
+    by_depth[layers] = step_peaks(config);
+  }
+  EXPECT_EQ(activation_bytes(by_depth[4]), activation_bytes(by_depth[2]));
+  EXPECT_EQ(peak(by_depth[2], MemCategory::checkpoints), 0);
+  const int64_t layer_input = 2 * (256 / P) * 128 * 4;
+  EXPECT_EQ(peak(by_depth[4], MemCategory::checkpoints_host) -
+                peak(by_depth[2], MemCategory::checkpoints_host),
+            2 * layer_input);
+}
+
+}  // namespace
+}  // namespace ulysses
