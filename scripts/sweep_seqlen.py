@@ -257,11 +257,11 @@ def main():
                 longest[(sp, option)] = (good, best_row)
             with open(os.path.join(args.out, "longest.csv"), "w") as f:
                 f.write("sp,zero_stage,checkpointing,head_chunks,tiled_mlp,offload,budget_gib,"
-                        "longest_seq_len,tokens_per_s\n")
+                        "tokens_per_s,longest_seq_len\n")
                 for (sp, (zero, ck, u, tiles, offload)), (good, row) in longest.items():
                     speed = row["tokens_per_s"] if row else ""
-                    f.write(f"{sp},{zero},{ck},{u},{tiles},{offload},{args.budget_gib},{good},"
-                            f"{speed}\n")
+                    f.write(f"{sp},{zero},{ck},{u},{tiles},{offload},{args.budget_gib},{speed},"
+                            f"{good}\n")
                     print(f"longest sequence within {args.budget_gib} GiB per rank: sp {sp} "
                           f"zero {zero} {ck} U{u} tiles:{tiles} offload:{offload}: "
                           f"{good or 'none fits'}" + (f" at {speed} tok/s" if row else ""))
