@@ -19,6 +19,9 @@ import tempfile
 
 CATEGORIES = ["params", "grads", "optimizer", "activations", "checkpoints", "checkpoints_host",
               "attention", "mlp", "comm", "workspace"]
+COLOURS = {"params": "#4e79a7", "grads": "#a0cbe8", "optimizer": "#f28e2b", "activations": "#ffbe7d",
+           "checkpoints": "#59a14f", "checkpoints_host": "#8cd17d", "attention": "#e15759",
+           "mlp": "#b6992d", "comm": "#79706e", "workspace": "#b07aa1"}
 # Device memory: what the budget and the total count (checkpoints_host is the host's).
 DEVICE_CATEGORIES = [c for c in CATEGORIES if c != "checkpoints_host"]
 FIELDS = (["seq_len", "sp", "zero_stage", "checkpointing", "tokens_per_s", "step_s", "comm_share"]
@@ -164,7 +167,7 @@ def plot(rows, out_dir, longest=None):
         parts = []
         for i, category in enumerate(shown):
             xtic = ":xtic(1)" if i == 0 else ""
-            parts.append(f"'-' using 2{xtic} lc {i + 1} title '{category}'")
+            parts.append(f"'-' using 2{xtic} lc rgb '{COLOURS[category]}' title '{category}'")
         lines.append("plot " + ", ".join(parts))
         for category in shown:
             for r in runs:
