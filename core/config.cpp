@@ -782,8 +782,7 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   check_model_size(reader, c);
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
-  if (c.parallel.overlap)
-    reader.fail("parallel.overlap", "communication overlap is not implemented yet; use false");
+
   if (c.memory.offload_checkpoints && c.memory.activation_checkpointing != "layer")
     reader.fail("memory.offload_checkpoints",
                 "offloads the layer inputs that layer checkpointing keeps, but " +

@@ -47,10 +47,11 @@ void linear_backward(Backend& backend, const Tensor& din, bool accumulate_din,
   if (!dbias.empty()) backend.bias_backward(dbias, dout);
 }
 
-Block::Block(const ModelConfig& model, const MemoryConfig& memory, Backend& backend,
+Block::Block(const ModelConfig& model, const MemoryConfig& memory, bool overlap, Backend& backend,
              UlyssesAttention& attention)
     : model_(model),
       memory_(memory),
+      overlap_(overlap),
       backend_(backend),
       attention_(attention),
       llama_(model.family == "llama") {}
@@ -170,8 +171,34 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
   Profiler& profiler = backend_.profiler();
   norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight], w[R::attn_norm_bias]);
   if (staged()) {
-    staged_attention_forward(backend_, attention_, {qkv, shape, acts.norm1, llama_ ? theta : 0.0f},
+    staged_attention_forward(backend_, attention_,
+                             {qkv, shape, acts.norm1, llama_ ? theta : 0.0f, overlap_},
                              acts.attn_out, acts.attention.lse);
+  } else if (overlap_) {
+    // Async Ulysses: each projection's all-to-all travels while the next one computes.
+    const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
+    const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
+    const Tensor& v = acts.v.empty() ? scratch.dv.tensor() : acts.v.tensor();
+    attention_.check_forward(q, k, v, acts.attn_out);
+    acts.attention = AttentionState();
+    using Input = UlyssesAttention::Input;
+    auto project = [&](const Tensor& out, int64_t heads, const Tensor& weight, const Tensor& bias,
+                       bool rope) {
+      Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+                                 2.0 * double(rows) * double(model_.d_model) * double(heads * d));
+      linear_forward(backend_, out.reshape({rows, heads * d}), acts.norm1, weight, bias);
+      if (rope) backend_.rope(out, shape.pos_offset, theta, false);
+    };
+    project(q, H, qkv.wq, qkv.bq, llama_);
+    HeadExchange q_exchange = attention_.start_input(q, Input::q, acts.attention);
+    project(k, Hkv, qkv.wk, qkv.bk, llama_);
+    HeadExchange k_exchange = attention_.start_input(k, Input::k, acts.attention);
+    project(v, Hkv, qkv.wv, qkv.bv, false);
+    HeadExchange v_exchange = attention_.start_input(v, Input::v, acts.attention);
+    attention_.finish(q_exchange);
+    attention_.finish(k_exchange);
+    attention_.finish(v_exchange);
+    attention_.finish_forward(acts.attn_out, acts.attention);
   } else {
     const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
     const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
@@ -302,17 +329,63 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
                 w[R::mlp_norm_weight], acts.mean2, acts.rstd2);
 
   // attention
-  {
-    Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                               4.0 * double(rows) * double(H * d) * double(model_.d_model));
-    linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual,
-                    acts.attn_out.tensor().reshape({rows, H * d}), w[R::o_weight]);
-  }
   const Tensor dattn = s.dattn.tensor().reshape({shape.batch, shape.seq_local, H, d});
-  if (staged()) {
-    staged_attention_backward(backend_, attention_, {qkv, shape, acts.norm1, llama_ ? theta : 0.0f},
-                              dqkv, acts.attn_out, acts.attention.lse, dattn, s.dnorm);
+  const Tensor attn_out = acts.attn_out.tensor().reshape({rows, H * d});
+  const double o_flops = 2.0 * double(rows) * double(H * d) * double(model_.d_model);
+  if (overlap_ && !staged()) {
+    // dO's all-to-all travels while the output projection's weight gradient is computed, and
+    // each of dq, dk, dv is waited for only where its projection's backward needs it.
+    using Input = UlyssesAttention::Input;
+    AttentionGradients grads;
+    HeadExchange dout_exchange;
+    {
+      Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
+                                 o_flops);
+      backend_.gemm(dresidual, false, w[R::o_weight], false, s.dattn, 1.0f, 0.0f);
+    }
+    attention_.check_backward(dattn, acts.attention, s.dq, s.dk, s.dv);
+    dout_exchange = attention_.start_backward(dattn, grads);
+    {
+      Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
+                                 o_flops);
+      backend_.gemm(dresidual, true, attn_out, false, g[R::o_weight], 1.0f, 1.0f);
+      if (!g[R::o_bias].empty()) backend_.bias_backward(g[R::o_bias], dresidual);
+    }
+    attention_.finish(dout_exchange);
+    attention_.compute_backward(acts.attention, grads, s.dq, s.dk, s.dv);
+    HeadExchange dq_exchange = attention_.start_gradient(Input::q, grads, s.dq);
+    HeadExchange dk_exchange = attention_.start_gradient(Input::k, grads, s.dk);
+    HeadExchange dv_exchange = attention_.start_gradient(Input::v, grads, s.dv);
+    auto project_backward = [&](HeadExchange& exchange, const Tensor& dx, int64_t heads,
+                                bool accumulate, const Tensor& dweight, const Tensor& dbias,
+                                const Tensor& weight, bool rope) {
+      attention_.finish(exchange);
+      if (rope) backend_.rope(dx, shape.pos_offset, theta, true);
+      Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+                                 4.0 * double(rows) * double(model_.d_model) * double(heads * d));
+      linear_backward(backend_, s.dnorm, accumulate, dweight, dbias, dx.reshape({rows, heads * d}),
+                      acts.norm1, weight);
+    };
+    project_backward(dq_exchange, s.dq, H, false, dqkv.wq, dqkv.bq, qkv.wq, llama_);
+    project_backward(dk_exchange, s.dk, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, llama_);
+    project_backward(dv_exchange, s.dv, Hkv, true, dqkv.wv, dqkv.bv, qkv.wv, false);
+  } else if (staged()) {
+    {
+      Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
+                                 2.0 * o_flops);
+      linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual, attn_out,
+                      w[R::o_weight]);
+    }
+    staged_attention_backward(backend_, attention_,
+                              {qkv, shape, acts.norm1, llama_ ? theta : 0.0f, overlap_}, dqkv,
+                              acts.attn_out, acts.attention.lse, dattn, s.dnorm);
   } else {
+    {
+      Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
+                                 2.0 * o_flops);
+      linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual, attn_out,
+                      w[R::o_weight]);
+    }
     attention_.backward(dattn, acts.attention, s.dq, s.dk, s.dv);
     if (llama_) {
       backend_.rope(s.dq, shape.pos_offset, theta, true);

@@ -61,7 +61,9 @@ struct BlockScratch {
 
 class Block {
  public:
-  Block(const ModelConfig& model, const MemoryConfig& memory, Backend& backend,
+  // overlap (parallel.overlap): each all-to-all is started as soon as its input exists and
+  // waited for only where its output is needed (docs/performance.md).
+  Block(const ModelConfig& model, const MemoryConfig& memory, bool overlap, Backend& backend,
         UlyssesAttention& attention);
 
   BlockActivations allocate_activations(const BlockShape& shape) const;
@@ -104,6 +106,7 @@ class Block {
 
   const ModelConfig& model_;
   const MemoryConfig& memory_;
+  bool overlap_;
   Backend& backend_;
   UlyssesAttention& attention_;
   bool llama_;

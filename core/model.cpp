@@ -58,7 +58,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
       prefetch_(config.parallel.prefetch),
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim(), config.parallel.head_chunks),
-      block_(config.model, config.memory, backend, attention_),
+      block_(config.model, config.memory, config.parallel.overlap, backend, attention_),
       recompute_(config.memory.activation_checkpointing == "layer") {
   const int64_t rows = batch * seq_local, C = model_.d_model;
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");

@@ -1,6 +1,7 @@
 #include "core/staged_attention.h"
 
 #include <functional>
+#include <utility>
 
 namespace ulysses {
 
@@ -68,8 +69,14 @@ struct StageHeads {
   Buffer q, k, v;
 };
 
-StageHeads project_and_exchange(Backend& backend, UlyssesAttention& attention,
-                                const StagedAttentionInputs& in, int stage, int64_t d) {
+// A stage's q, k and v on their way to the head layout.
+struct StageInFlight {
+  StageHeads heads;
+  HeadExchange q, k, v;
+};
+
+StageInFlight start_stage(Backend& backend, UlyssesAttention& attention,
+                          const StagedAttentionInputs& in, int stage, int64_t d) {
   const int P = attention.ranks();
   const int64_t B = in.shape.batch, N = in.shape.seq_local * P;
   const int64_t hs = attention.stage_q_heads(), ks = attention.stage_kv_heads();
@@ -77,21 +84,32 @@ StageHeads project_and_exchange(Backend& backend, UlyssesAttention& attention,
   const QkvTensors& w = in.weights;
   auto q_first = [&](int p) { return attention.stage_q_first(p, stage); };
   auto kv_first = [&](int p) { return attention.stage_kv_first(p, stage); };
-  StageHeads heads;
+  StageInFlight flight;
+  StageHeads& heads = flight.heads;
   const DType dt = backend.compute_dtype();
   heads.q = backend.alloc(MemCategory::attention, dt, {B, N, hs, d}, "stage q (all tokens)");
-  HeadExchange q = attention.start_packed_to_heads(
+  flight.q = attention.start_packed_to_heads(
       project(backend, attention, in, {w.wq, w.bq, q_first, hs, rope}, d), heads.q);
   heads.k = backend.alloc(MemCategory::attention, dt, {B, N, ks, d}, "stage k (all tokens)");
-  HeadExchange k = attention.start_packed_to_heads(
+  flight.k = attention.start_packed_to_heads(
       project(backend, attention, in, {w.wk, w.bk, kv_first, ks, rope}, d), heads.k);
   heads.v = backend.alloc(MemCategory::attention, dt, {B, N, ks, d}, "stage v (all tokens)");
-  HeadExchange v = attention.start_packed_to_heads(
+  flight.v = attention.start_packed_to_heads(
       project(backend, attention, in, {w.wv, w.bv, kv_first, ks, false}, d), heads.v);
-  attention.finish(q);
-  attention.finish(k);
-  attention.finish(v);
-  return heads;
+  return flight;
+}
+
+StageHeads finish_stage(UlyssesAttention& attention, StageInFlight& flight) {
+  attention.finish(flight.q);
+  attention.finish(flight.k);
+  attention.finish(flight.v);
+  return std::move(flight.heads);
+}
+
+StageHeads project_and_exchange(Backend& backend, UlyssesAttention& attention,
+                                const StagedAttentionInputs& in, int stage, int64_t d) {
+  StageInFlight flight = start_stage(backend, attention, in, stage, d);
+  return finish_stage(attention, flight);
 }
 
 double stage_attention_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t d) {
@@ -106,8 +124,13 @@ void staged_attention_forward(Backend& backend, UlyssesAttention& attention,
   const int64_t d = head_dim(in.weights, attention);
   const int64_t B = in.shape.batch, N = in.shape.seq_local * attention.ranks();
   const int64_t hs = attention.stage_q_heads();
-  for (int stage = 0; stage < attention.head_chunks(); ++stage) {
-    StageHeads heads = project_and_exchange(backend, attention, in, stage, d);
+  const int chunks = attention.head_chunks();
+  StageInFlight next = start_stage(backend, attention, in, 0, d);
+  HeadExchange previous_out;  // overlap: the last stage's output on its way back
+  for (int stage = 0; stage < chunks; ++stage) {
+    StageHeads heads = finish_stage(attention, next);
+    // With overlap the next stage is projected and sent while this one's attention runs.
+    if (in.overlap && stage + 1 < chunks) next = start_stage(backend, attention, in, stage + 1, d);
     Buffer stage_out = backend.alloc(MemCategory::attention, backend.compute_dtype(), {B, N, hs, d},
                                      "stage out (all tokens)");
     {
@@ -117,9 +140,17 @@ void staged_attention_forward(Backend& backend, UlyssesAttention& attention,
                                 heads.q, heads.k, heads.v);
     }
     heads = StageHeads();
+    attention.finish(previous_out);
     HeadExchange back = attention.start_stage_to_tokens(stage_out, stage, out);
-    attention.finish(back);
+    stage_out.reset();  // packed into the exchange's send buffer
+    if (in.overlap) {
+      previous_out = std::move(back);
+    } else {
+      attention.finish(back);
+      if (stage + 1 < chunks) next = start_stage(backend, attention, in, stage + 1, d);
+    }
   }
+  attention.finish(previous_out);
 }
 
 void staged_attention_backward(Backend& backend, UlyssesAttention& attention,

@@ -17,6 +17,10 @@ struct StagedAttentionInputs {
   const BlockShape& shape;
   const Tensor& norm1;  // [R, C]: the block's normalised input, which the projections read
   float rope_theta;     // 0: no RoPE (gpt2)
+  // parallel.overlap: stage s+1's projections and all-to-alls are issued before stage s's
+  // attention runs, and stage s's output travels back during stage s+1's attention (two
+  // stages' buffers live at once).
+  bool overlap = false;
 };
 
 // out[B, Tl, H, d] (overwritten stage by stage); lse[U, B, h/U, N] kept for the backward.

@@ -224,6 +224,7 @@ HeadExchange UlyssesAttention::start_heads_to_packed(const Tensor& full, int64_t
 }
 
 void UlyssesAttention::finish(HeadExchange& exchange) {
+  if (!exchange.handle) return;  // nothing to exchange (sp = 1) or already finished
   Profiler& profiler = backend_.profiler();
   {
     Profiler::Scope wait(profiler, phase::kAllToAllWait, Profiler::Kind::communication,
@@ -262,8 +263,8 @@ void UlyssesAttention::finish(HeadExchange& exchange) {
   exchange.recv.reset();
 }
 
-void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                               AttentionState& state) {
+void UlyssesAttention::check_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out) const {
   check_local(q, n_heads_, "q");
   check_local(k, n_kv_heads_, "k");
   check_local(v, n_kv_heads_, "v");
@@ -274,8 +275,34 @@ void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v
       throw std::invalid_argument("Ulysses attention: q " + q.shape_string() + ", k " +
                                   k.shape_string() + ", v " + v.shape_string() + " and out " +
                                   out.shape_string() + " disagree on B, T or dtype");
-  state = AttentionState();
+}
 
+HeadExchange UlyssesAttention::start_input(const Tensor& x, Input which, AttentionState& state) {
+  const bool kv = which != Input::q;
+  check_local(x, kv ? n_kv_heads_ : n_heads_,
+              which == Input::q   ? "q"
+              : which == Input::k ? "k"
+                                  : "v");
+  Tensor& view = which == Input::q ? state.q : which == Input::k ? state.k : state.v;
+  if (comm_.size() == 1) {  // attention reads the caller's tensor in place
+    view = x;
+    return HeadExchange();
+  }
+  const int64_t B = x.dim(0), N = x.dim(1) * comm_.size();
+  const int64_t heads = kv ? kv_heads_per_rank_ : heads_per_rank_;
+  Buffer& owned = which == Input::q   ? state.q_owned
+                  : which == Input::k ? state.k_owned
+                                      : state.v_owned;
+  owned = backend_.alloc(MemCategory::attention, x.dtype, {B, N, heads, head_dim_},
+                         which == Input::q   ? "ulysses q (all tokens, heads of this rank)"
+                         : which == Input::k ? "ulysses k (all tokens, kv heads of this rank)"
+                                             : "ulysses v (all tokens, kv heads of this rank)");
+  view = owned;
+  return start_tokens_to_heads(x, kv, owned);
+}
+
+void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state) {
+  const int64_t B = out.dim(0), Tl = out.dim(1);
   if (comm_.size() == 1) {
     state.lse =
         backend_.alloc(MemCategory::attention, DType::f32, {B, n_heads_, Tl}, "attention lse");
@@ -283,45 +310,36 @@ void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v
       Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward,
                               Profiler::Kind::compute, 0,
                               attention_flops(B, Tl, n_heads_, head_dim_, false));
-      backend_.attention_forward(out, state.lse, q, k, v);
+      backend_.attention_forward(out, state.lse, state.q, state.k, state.v);
     }
-    state.q = q;
-    state.k = k;
-    state.v = v;
     state.out = out;
     return;
   }
-
-  const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
-  state.q_owned = backend_.alloc(MemCategory::attention, q.dtype, {B, N, h, head_dim_},
-                                 "ulysses q (all tokens, heads of this rank)");
-  exchange_now(start_tokens_to_heads(q, false, state.q_owned));
-  state.k_owned = backend_.alloc(MemCategory::attention, k.dtype, {B, N, hk, head_dim_},
-                                 "ulysses k (all tokens, kv heads of this rank)");
-  exchange_now(start_tokens_to_heads(k, true, state.k_owned));
-  state.v_owned = backend_.alloc(MemCategory::attention, v.dtype, {B, N, hk, head_dim_},
-                                 "ulysses v (all tokens, kv heads of this rank)");
-  exchange_now(start_tokens_to_heads(v, true, state.v_owned));
-
-  state.out_owned = backend_.alloc(MemCategory::attention, q.dtype, {B, N, h, head_dim_},
+  const int64_t N = Tl * comm_.size(), h = heads_per_rank_;
+  state.out_owned = backend_.alloc(MemCategory::attention, out.dtype, {B, N, h, head_dim_},
                                    "ulysses out (all tokens, heads of this rank)");
   state.lse = backend_.alloc(MemCategory::attention, DType::f32, {B, h, N}, "attention lse");
   {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward, Profiler::Kind::compute,
                             0, attention_flops(B, N, h, head_dim_, false));
-    backend_.attention_forward(state.out_owned, state.lse, state.q_owned, state.k_owned,
-                               state.v_owned);
+    backend_.attention_forward(state.out_owned, state.lse, state.q, state.k, state.v);
   }
   exchange_now(start_heads_to_tokens(state.out_owned, false, out));
-
-  state.q = state.q_owned;
-  state.k = state.k_owned;
-  state.v = state.v_owned;
   state.out = state.out_owned;
 }
 
-void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state, const Tensor& dq,
-                                const Tensor& dk, const Tensor& dv) {
+void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               AttentionState& state) {
+  check_forward(q, k, v, out);
+  state = AttentionState();
+  exchange_now(start_input(q, Input::q, state));
+  exchange_now(start_input(k, Input::k, state));
+  exchange_now(start_input(v, Input::v, state));
+  finish_forward(out, state);
+}
+
+void UlyssesAttention::check_backward(const Tensor& dout, const AttentionState& state,
+                                      const Tensor& dq, const Tensor& dk, const Tensor& dv) const {
   if (state.q.empty() || state.lse.empty())
     throw std::logic_error("Ulysses attention: backward without a forward state");
   check_local(dout, n_heads_, "dout");
@@ -334,36 +352,66 @@ void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state,
       throw std::invalid_argument("Ulysses attention: dout " + dout.shape_string() + ", dq " +
                                   dq.shape_string() + ", dk " + dk.shape_string() + " and dv " +
                                   dv.shape_string() + " disagree on B or T");
+}
 
+HeadExchange UlyssesAttention::start_backward(const Tensor& dout, AttentionGradients& grads) {
+  grads = AttentionGradients();
+  if (comm_.size() == 1) {
+    grads.dout = dout;
+    return HeadExchange();
+  }
+  const int64_t B = dout.dim(0), N = dout.dim(1) * comm_.size();
+  grads.dout_owned =
+      backend_.alloc(MemCategory::attention, dout.dtype, {B, N, heads_per_rank_, head_dim_},
+                     "ulysses dout (all tokens, heads of this rank)");
+  grads.dout = grads.dout_owned;
+  return start_tokens_to_heads(dout, false, grads.dout_owned);
+}
+
+void UlyssesAttention::compute_backward(const AttentionState& state, AttentionGradients& grads,
+                                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const int64_t B = dq.dim(0), Tl = dq.dim(1);
   if (comm_.size() == 1) {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
                             0, attention_flops(B, Tl, n_heads_, head_dim_, true));
-    backend_.attention_backward(dq, dk, dv, dout, state.q, state.k, state.v, state.out, state.lse);
+    backend_.attention_backward(dq, dk, dv, grads.dout, state.q, state.k, state.v, state.out,
+                                state.lse);
     return;
   }
-
   const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
-  Buffer dout_full = backend_.alloc(MemCategory::attention, dout.dtype, {B, N, h, head_dim_},
-                                    "ulysses dout (all tokens, heads of this rank)");
-  exchange_now(start_tokens_to_heads(dout, false, dout_full));
-  Buffer dq_full = backend_.alloc(MemCategory::attention, dq.dtype, {B, N, h, head_dim_},
-                                  "ulysses dq (all tokens, heads of this rank)");
-  Buffer dk_full = backend_.alloc(MemCategory::attention, dk.dtype, {B, N, hk, head_dim_},
-                                  "ulysses dk (all tokens, kv heads of this rank)");
-  Buffer dv_full = backend_.alloc(MemCategory::attention, dv.dtype, {B, N, hk, head_dim_},
-                                  "ulysses dv (all tokens, kv heads of this rank)");
+  grads.dq = backend_.alloc(MemCategory::attention, dq.dtype, {B, N, h, head_dim_},
+                            "ulysses dq (all tokens, heads of this rank)");
+  grads.dk = backend_.alloc(MemCategory::attention, dk.dtype, {B, N, hk, head_dim_},
+                            "ulysses dk (all tokens, kv heads of this rank)");
+  grads.dv = backend_.alloc(MemCategory::attention, dv.dtype, {B, N, hk, head_dim_},
+                            "ulysses dv (all tokens, kv heads of this rank)");
   {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
                             0, attention_flops(B, N, h, head_dim_, true));
-    backend_.attention_backward(dq_full, dk_full, dv_full, dout_full, state.q, state.k, state.v,
+    backend_.attention_backward(grads.dq, grads.dk, grads.dv, grads.dout, state.q, state.k, state.v,
                                 state.out, state.lse);
   }
-  dout_full.reset();
-  exchange_now(start_heads_to_tokens(dq_full, false, dq));
-  dq_full.reset();
-  exchange_now(start_heads_to_tokens(dk_full, true, dk));
-  dk_full.reset();
-  exchange_now(start_heads_to_tokens(dv_full, true, dv));
+  grads.dout_owned.reset();
+}
+
+HeadExchange UlyssesAttention::start_gradient(Input which, AttentionGradients& grads,
+                                              const Tensor& target) {
+  if (comm_.size() == 1) return HeadExchange();
+  Buffer& full = which == Input::q ? grads.dq : which == Input::k ? grads.dk : grads.dv;
+  HeadExchange exchange = start_heads_to_tokens(full, which != Input::q, target);
+  full.reset();  // packed into the send buffer
+  return exchange;
+}
+
+void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state, const Tensor& dq,
+                                const Tensor& dk, const Tensor& dv) {
+  check_backward(dout, state, dq, dk, dv);
+  AttentionGradients grads;
+  exchange_now(start_backward(dout, grads));
+  compute_backward(state, grads, dq, dk, dv);
+  exchange_now(start_gradient(Input::q, grads, dq));
+  exchange_now(start_gradient(Input::k, grads, dk));
+  exchange_now(start_gradient(Input::v, grads, dv));
 }
 
 }  // namespace ulysses

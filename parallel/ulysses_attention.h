@@ -20,6 +20,12 @@ struct AttentionState {
   Tensor q, k, v, out;
 };
 
+// The backward's head-layout tensors while it runs (with sp = 1, dout views the caller's).
+struct AttentionGradients {
+  Buffer dout_owned, dq, dk, dv;
+  Tensor dout;
+};
+
 // One all-to-all between the token layout [B, Tl, Hx, d] and the head layout [B, N, h, d],
 // issued and not yet finished: the schedule may place work between start and finish.
 struct HeadExchange {
@@ -58,6 +64,22 @@ class UlyssesAttention {
   // dout[B, Tl, H, d] -> dq[B, Tl, H, d], dk/dv[B, Tl, Hkv, d] (overwritten).
   void backward(const Tensor& dout, const AttentionState& state, const Tensor& dq, const Tensor& dk,
                 const Tensor& dv);
+
+  // The same in steps, for a schedule that computes while the all-to-alls travel
+  // (parallel.overlap). forward = start_input q, k, v (each finished), then finish_forward;
+  // the caller resets state and finishes each input's exchange before finish_forward.
+  // backward = start_backward (finished), compute_backward, then start_gradient for q, k, v
+  // (each finished before its target is read). With sp = 1 the exchanges are empty.
+  enum class Input { q, k, v };
+  void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) const;
+  HeadExchange start_input(const Tensor& x, Input which, AttentionState& state);
+  void finish_forward(const Tensor& out, AttentionState& state);
+  void check_backward(const Tensor& dout, const AttentionState& state, const Tensor& dq,
+                      const Tensor& dk, const Tensor& dv) const;
+  HeadExchange start_backward(const Tensor& dout, AttentionGradients& grads);
+  void compute_backward(const AttentionState& state, AttentionGradients& grads, const Tensor& dq,
+                        const Tensor& dk, const Tensor& dv);
+  HeadExchange start_gradient(Input which, AttentionGradients& grads, const Tensor& target);
 
   // The two halves of each all-to-all. start_*: packs x (or full) into a send buffer and
   // issues the exchange; finish: waits for it and unpacks into the target (with replicated

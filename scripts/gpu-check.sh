@@ -134,6 +134,13 @@ else
 fi
 
 echo
+echo "== parallel.overlap off and on, 2 ranks sharing the GPU (scripts/bench-overlap.sh)"
+if ((SECONDS - START_S < DEADLINE_S)); then
+  scripts/bench-overlap.sh --device cuda --ranks 2 --steps 6 --binary "$BUILD/apps/ulysses-train" ||
+    echo "gpu-check: bench-overlap failed" >&2
+fi
+
+echo
 echo "== summary ($((SECONDS - START_S)) s)"
 printf '%-16s | %-22s | %-10s | %-9s | %-10s | %-12s\n' model tokens tokens/s step_ms "MFU(989T)" "peak tracked"
 for row in "${ROWS[@]}"; do

@@ -502,20 +502,11 @@ TEST(Config, MlpTilesFollowTheSetting) {
   EXPECT_EQ(mlp_tiles(memory, 1000, 64, 256, 2), 8);
 }
 
-TEST(Config, FeaturesNotBuiltYetAreRefusedNotIgnored) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"parallel:\n  overlap: true\n", "parallel.overlap"}};
-  for (const auto& [yaml, key] : cases) {
-    try {
-      parse_config(yaml, {}, "c.yaml");
-      ADD_FAILURE() << key << " was accepted";
-    } catch (const ConfigError& error) {
-      std::string message = error.what();
-      EXPECT_TRUE(contains(message, key)) << message;
-      EXPECT_TRUE(contains(message, "not implemented yet")) << message;
-      EXPECT_TRUE(contains(message, "c.yaml:2")) << message;
-    }
-  }
+TEST(Config, OffloadIsRefusedOnCudaUntilItIsBuilt) {
+  const std::string message = config_error(
+      "device: cuda\nmemory:\n  activation_checkpointing: layer\n  offload_checkpoints: true\n");
+  EXPECT_TRUE(contains(message, "memory.offload_checkpoints")) << message;
+  EXPECT_TRUE(contains(message, "not built for device: cuda yet")) << message;
 }
 
 }  // namespace
