@@ -17,7 +17,7 @@
 
 #include "data/dataset.h"
 #include "data/synthetic.h"
-#include "parallel/ulysses_attention.h"
+#include "parallel/head_chunks.h"
 
 namespace ulysses {
 

@@ -61,18 +61,6 @@ UlyssesAttention::UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads,
                                 numbers);
 }
 
-std::vector<int> valid_head_chunks(int n_heads, int n_kv_heads, int sp) {
-  std::vector<int> valid;
-  if (sp < 1 || n_heads % sp != 0 || n_kv_heads < 1 || n_heads % n_kv_heads != 0) return valid;
-  const int per_rank = n_heads / sp, group = n_heads / n_kv_heads;
-  for (int chunks = 1; chunks <= per_rank; ++chunks) {
-    if (per_rank % chunks != 0) continue;
-    const int stage = per_rank / chunks;
-    if (stage % group == 0 || group % stage == 0) valid.push_back(chunks);
-  }
-  return valid;
-}
-
 int UlyssesAttention::stage_kv_heads() const {
   const int group = n_heads_ / n_kv_heads_;
   return std::max(1, stage_q_heads() / group);

@@ -9,6 +9,7 @@
 #include "kernels/backend.h"
 #include "kernels/profiler.h"
 #include "parallel/comm.h"
+#include "parallel/head_chunks.h"
 
 namespace ulysses {
 
@@ -140,10 +141,5 @@ class UlyssesAttention {
   bool kv_replicated_;
   int head_chunks_;
 };
-
-// The head_chunks that work for these head counts on sp ranks, ascending: U divides the
-// n_heads / sp heads per rank, and a stage's h/U q heads cover whole groups of
-// n_heads / n_kv_heads q heads per kv head, or lie inside one.
-std::vector<int> valid_head_chunks(int n_heads, int n_kv_heads, int sp);
 
 }  // namespace ulysses

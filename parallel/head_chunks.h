@@ -1,0 +1,14 @@
+// Which parallel.head_chunks (UPipe stages, docs/memory.md) fit a model's heads on sp ranks:
+// a pure rule, shared by config validation and Ulysses attention.
+#pragma once
+
+#include <vector>
+
+namespace ulysses {
+
+// The head_chunks that work for these head counts on sp ranks, ascending: U divides the
+// n_heads / sp heads per rank, and a stage's h/U q heads cover whole groups of
+// n_heads / n_kv_heads q heads per kv head, or lie inside one.
+std::vector<int> valid_head_chunks(int n_heads, int n_kv_heads, int sp);
+
+}  // namespace ulysses
