@@ -50,15 +50,7 @@ TEST_F(Overlap, GivesTheSameBitsAsWaitingForEachAllToAll) {
 // How many all-to-all flights of one traced step have a projection GEMM (or, with
 // any_compute, any span that computes) inside them.
 int flights_over_projections(const Config& config, Comm& world, bool any_compute = false) {
-  auto backend = make_backend("cpu", 0);
-  backend->set_num_threads(1);
-  Mesh mesh = make_mesh(world, config.parallel.sp);
-  Trainer trainer(config, *backend, mesh);
-  Profiler& profiler = backend->profiler();
-  profiler.take_trace();
-  profiler.set_trace(true);
-  trainer.train_step();
-  const std::vector<TraceSpan> spans = profiler.take_trace();
+  const std::vector<TraceSpan> spans = testing::traced_step(config, world);
   int covering = 0;
   for (const TraceSpan& flight : spans) {
     if (flight.name != phase::kAllToAllInFlight) continue;

@@ -52,6 +52,18 @@ TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, in
   return outcome;
 }
 
+std::vector<TraceSpan> traced_step(const Config& config, Comm& world) {
+  auto backend = make_backend("cpu", 0);
+  backend->set_num_threads(1);
+  Mesh mesh = make_mesh(world, config.parallel.sp);
+  Trainer trainer(config, *backend, mesh);
+  Profiler& profiler = backend->profiler();
+  profiler.take_trace();
+  profiler.set_trace(true);
+  trainer.train_step();
+  return profiler.take_trace();
+}
+
 double max_relative_difference(const std::vector<float>& value,
                                const std::vector<float>& reference) {
   double max_difference = 0.0, max_reference = 0.0;

@@ -7,6 +7,7 @@
 
 #include "core/config.h"
 #include "kernels/backend.h"
+#include "kernels/profiler.h"
 #include "parallel/comm.h"
 
 namespace ulysses::testing {
@@ -26,6 +27,9 @@ struct TrainingOutcome {
 TrainingOutcome train_for(const Config& config, Comm& world, int steps);
 // The same on a given backend; world must carry that backend's buffers.
 TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, int steps);
+
+// The profiler's spans of one training step (cpu backend, one thread).
+std::vector<TraceSpan> traced_step(const Config& config, Comm& world);
 
 // max |a - b| / max |reference| over the elements.
 double max_relative_difference(const std::vector<float>& value,

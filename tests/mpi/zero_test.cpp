@@ -164,14 +164,7 @@ TEST_F(Zero, PrefetchKeepsGathersAndReductionsInFlightWhileUnitsCompute) {
     config.parallel.zero_stage = 3;
     config.parallel.bucket_mb = kOneLayerPerUnit;
     config.parallel.prefetch = prefetch;
-    auto backend = make_backend("cpu", 0);
-    Mesh mesh = make_mesh(world(), config.parallel.sp);
-    Trainer trainer(config, *backend, mesh);
-    Profiler& profiler = backend->profiler();
-    profiler.take_trace();
-    profiler.set_trace(true);
-    trainer.train_step();
-    const std::vector<TraceSpan> spans = profiler.take_trace();
+    const std::vector<TraceSpan> spans = testing::traced_step(config, world());
     auto overlapped = [&](const std::string& in_flight) {
       int flights = 0, with_compute = 0;
       for (const TraceSpan& flight : spans) {
