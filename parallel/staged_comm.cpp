@@ -112,7 +112,76 @@ class StagedComm::Request final : public CommRequest {
   bool done_ = false;
 };
 
+// An all-to-all in pieces: piece j holds the same slice [offset, offset + count) of every
+// rank's block, staged through host blocks of its own. All pieces are issued at once, each
+// right after its copy to the host, so that piece j travels while piece j+1 is copied; wait()
+// copies each piece back as soon as it has arrived, while the later ones still travel.
+class StagedComm::PipelinedAllToAll final : public CommRequest {
+ public:
+  struct Piece {
+    int64_t offset = 0, count = 0;  // elements of each rank's block
+    void* send = nullptr;           // host [P, count]
+    void* recv = nullptr;
+    CommHandle handle;
+  };
+
+  PipelinedAllToAll(StagedComm& comm, const Tensor& recv, int64_t block)
+      : comm_(comm), recv_(recv), block_(block), start_(Clock::now()) {}
+
+  ~PipelinedAllToAll() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  }
+
+  void add(Piece piece) { pieces_.push_back(std::move(piece)); }
+
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    std::exception_ptr failure;
+    const int64_t element = int64_t(dtype_size(recv_.dtype));
+    for (Piece& piece : pieces_) {
+      try {
+        if (!failure && piece.handle) {
+          piece.handle->wait();
+          for (int p = 0; p < comm_.size(); ++p)
+            comm_.backend_.upload(recv_.flat_range(p * block_ + piece.offset, piece.count),
+                                  static_cast<char*>(piece.recv) + p * piece.count * element);
+        }
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      piece.handle.reset();  // a piece left in flight by a failure waits here
+      comm_.pool_.release(piece.send);
+      comm_.pool_.release(piece.recv);
+    }
+    comm_.stats_.all_to_all_seconds += std::chrono::duration<double>(Clock::now() - start_).count();
+    if (failure) std::rethrow_exception(failure);
+  }
+
+ private:
+  StagedComm& comm_;
+  Tensor recv_;
+  int64_t block_;
+  Clock::time_point start_;
+  std::vector<Piece> pieces_;
+  bool done_ = false;
+};
+
 // ---- StagedComm ----------------------------------------------------------------------------
+
+void StagedComm::set_pipeline(int pieces, int64_t min_piece_bytes) {
+  if (pieces < 1 || min_piece_bytes < 1)
+    throw std::invalid_argument("StagedComm: pipeline of " + std::to_string(pieces) +
+                                " pieces of at least " + std::to_string(min_piece_bytes) +
+                                " bytes");
+  pipeline_pieces_ = pieces;
+  min_piece_bytes_ = min_piece_bytes;
+}
 
 StagedComm::StagedComm(std::unique_ptr<Comm> host_comm, Backend& backend)
     : host_(std::move(host_comm)), backend_(backend), pool_(backend) {
@@ -159,6 +228,33 @@ void StagedComm::all_to_all(const Tensor& send, const Tensor& recv) {
 
 CommHandle StagedComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
   check_all_to_all_args(*this, send, recv);
+  const int P = size();
+  const int64_t block = send.numel() / P, element = int64_t(dtype_size(send.dtype));
+  const int64_t pieces = std::min<int64_t>(pipeline_pieces_, block * element / min_piece_bytes_);
+  if (pieces >= 2) {
+    const int64_t piece_elements = (block + pieces - 1) / pieces;
+    auto request = std::make_unique<PipelinedAllToAll>(*this, recv, block);
+    const CommStats before = host_->stats();
+    for (int64_t offset = 0; offset < block; offset += piece_elements) {
+      PipelinedAllToAll::Piece piece;
+      piece.offset = offset;
+      piece.count = std::min(piece_elements, block - offset);
+      const size_t bytes = size_t(P * piece.count * element);
+      piece.send = pool_.acquire(bytes);
+      piece.recv = pool_.acquire(bytes);
+      for (int p = 0; p < P; ++p)
+        backend_.download(static_cast<char*>(piece.send) + p * piece.count * element,
+                          send.flat_range(p * block + offset, piece.count));
+      const Tensor host_send(piece.send, send.dtype, {int64_t(P), piece.count});
+      const Tensor host_recv(piece.recv, send.dtype, {int64_t(P), piece.count});
+      piece.handle = host_->all_to_all_async(host_send, host_recv);
+      request->add(std::move(piece));
+    }
+    // One exchange as callers count it, however many pieces it travelled in.
+    stats_.all_to_all_bytes += host_->stats().all_to_all_bytes - before.all_to_all_bytes;
+    stats_.calls += 1;
+    return request;
+  }
   return issue(
       {{send, true, false}, {recv, false, true}}, &CommStats::all_to_all_seconds,
       [&](const std::vector<Tensor>& host) { return host_->all_to_all_async(host[0], host[1]); });

@@ -77,8 +77,15 @@ class StagedComm final : public Comm {
   // Host memory held for staging.
   size_t staging_bytes() const { return pool_.held_bytes(); }
 
+  // All-to-alls whose blocks hold at least min_piece_bytes·2 are pipelined in up to `pieces`
+  // pieces (piece j: the same slice of every rank's block): piece j+1 is copied to the host
+  // while piece j travels, and piece j is copied back while the next one still travels.
+  // 1 piece turns it off. Defaults: 4 pieces of at least 1 MiB.
+  void set_pipeline(int pieces, int64_t min_piece_bytes);
+
  private:
   class Request;
+  class PipelinedAllToAll;
   // A device tensor of one operation: copied to its staging block before, back after, or both.
   struct Staged {
     Tensor device;
@@ -97,6 +104,8 @@ class StagedComm final : public Comm {
   std::unique_ptr<Comm> host_;
   Backend& backend_;
   StagingPool pool_;
+  int pipeline_pieces_ = 4;
+  int64_t min_piece_bytes_ = int64_t(1) << 20;
 };
 
 }  // namespace ulysses
