@@ -32,6 +32,16 @@ std::string trace_events_json(const std::vector<TraceSpan>& spans, int rank) {
        {"pid", rank},
        {"tid", Profiler::kCommTrack},
        {"args", {{"name", "collectives in flight"}}}});
+  // Only a backend with a device stream (cuda) puts spans on the device track.
+  for (const TraceSpan& span : spans) {
+    if (span.track != Profiler::kDeviceTrack) continue;
+    add({{"name", "thread_name"},
+         {"ph", "M"},
+         {"pid", rank},
+         {"tid", Profiler::kDeviceTrack},
+         {"args", {{"name", "device stream"}}}});
+    break;
+  }
   for (const TraceSpan& span : spans) {
     json args = {{"bytes", span.bytes}};
     if (span.flops > 0) args["flops"] = span.flops;

@@ -6,6 +6,7 @@ namespace ulysses {
 
 void Profiler::reset_origin() {
   origin_ = std::chrono::steady_clock::now();
+  if (device_) device_->reset_origin();
 }
 
 double Profiler::now() const {
@@ -29,14 +30,17 @@ bool Profiler::push(const char* phase, Kind kind, int64_t bytes, double flops) {
       return false;
     }
   }
-  stack_.push_back({phase, now(), 0.0, bytes, flops, kind});
+  const bool on_device = trace_ && device_;
+  stack_.push_back({phase, now(), 0.0, bytes, flops, kind, on_device});
   if (open_range_) open_range_(phase);
+  if (on_device) device_->open(phase);
   return true;
 }
 
 void Profiler::pop() {
   if (close_range_) close_range_();
   const Open open = stack_.back();
+  if (open.on_device) device_->close();
   stack_.pop_back();
   const double end = now(), elapsed = end - open.begin;
   PhaseTotals& totals = totals_[open.phase];
@@ -64,7 +68,12 @@ std::map<std::string, PhaseTotals> Profiler::take_totals() {
 }
 
 std::vector<TraceSpan> Profiler::take_trace() {
-  return std::exchange(trace_spans_, {});
+  std::vector<TraceSpan> spans = std::exchange(trace_spans_, {});
+  if (device_) {
+    std::vector<TraceSpan> device_spans = device_->take();
+    spans.insert(spans.end(), device_spans.begin(), device_spans.end());
+  }
+  return spans;
 }
 
 }  // namespace ulysses

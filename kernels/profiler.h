@@ -49,15 +49,29 @@ struct TraceSpan {
   std::string name;
   double begin_us = 0.0;  // since the profiler's origin
   double duration_us = 0.0;
-  int track = 0;  // 0: the compute thread; 1: collectives in flight
+  int track = 0;  // 0: the compute thread; 1: collectives in flight; 2: the device stream
   int64_t bytes = 0;
   double flops = 0.0;
+};
+
+// Times on a device stream, for a backend whose ops run asynchronously (cuda): while the
+// profiler traces, it says where each phase opens and closes, and the timeline returns the
+// spans as the device ran them when the trace is taken.
+class DeviceTimeline {
+ public:
+  virtual ~DeviceTimeline() = default;
+  virtual void reset_origin() = 0;  // at the profiler's origin
+  virtual void open(const char* phase) = 0;
+  virtual void close() = 0;
+  // Waits for the device; the spans recorded since the last call, on kDeviceTrack.
+  virtual std::vector<TraceSpan> take() = 0;
 };
 
 class Profiler {
  public:
   static constexpr int kComputeTrack = 0;
   static constexpr int kCommTrack = 1;
+  static constexpr int kDeviceTrack = 2;  // the backend's stream, where it has one
 
   // Inline: the backends construct one without linking this library's objects.
   Profiler() : origin_(std::chrono::steady_clock::now()) {}
@@ -76,6 +90,7 @@ class Profiler {
     open_range_ = open;
     close_range_ = close;
   }
+  void set_device_timeline(DeviceTimeline* timeline) { device_ = timeline; }
 
   // Inside an absorbing phase (recompute) nested phases are not opened: their time is the
   // absorbing phase's, except for phases marked as waiting on communication.
@@ -112,6 +127,7 @@ class Profiler {
     int64_t bytes;
     double flops;
     Kind kind;
+    bool on_device;  // the device timeline has it open
   };
   bool push(const char* phase, Kind kind, int64_t bytes, double flops);
   void pop();
@@ -123,6 +139,7 @@ class Profiler {
   std::vector<TraceSpan> trace_spans_;
   void (*open_range_)(const char*) = nullptr;
   void (*close_range_)() = nullptr;
+  DeviceTimeline* device_ = nullptr;
 };
 
 }  // namespace ulysses

@@ -400,5 +400,40 @@ TEST_F(CudaOps, TooLargeAllocationNamesTheCategories) {
                OutOfMemoryError);
 }
 
+// The device track (docs/profiling.md): phases as the stream ran them, nested as the host
+// opened them, and each at least as long as the gemms it enqueued take on the device.
+TEST_F(CudaOps, TraceHasTheDeviceStreamsSpans) {
+  const int64_t n = 1024;
+  Pair a = make({n, n}, random_values(n * n, 1));
+  Pair c = make({n, n}, random_values(n * n, 2));
+  Profiler& profiler = gpu_->profiler();
+  profiler.set_trace(true);
+  profiler.reset_origin();
+  {
+    Profiler::Scope outer(profiler, "outer");
+    for (int i = 0; i < 4; ++i) {
+      Profiler::Scope inner(profiler, "inner");
+      gpu_->gemm(a.gpu, false, a.gpu, true, c.gpu, 1.0f, 0.0f);
+    }
+  }
+  const std::vector<TraceSpan> spans = profiler.take_trace();
+  profiler.set_trace(false);
+  std::vector<TraceSpan> device;
+  for (const TraceSpan& span : spans)
+    if (span.track == Profiler::kDeviceTrack) device.push_back(span);
+  ASSERT_EQ(device.size(), 5u);
+  const TraceSpan& outer = device.back();
+  EXPECT_EQ(outer.name, "outer");
+  double previous_end = 0.0;
+  for (size_t i = 0; i + 1 < device.size(); ++i) {
+    EXPECT_EQ(device[i].name, "inner");
+    EXPECT_GT(device[i].duration_us, 0.0);
+    EXPECT_GE(device[i].begin_us, previous_end);
+    previous_end = device[i].begin_us + device[i].duration_us;
+    EXPECT_GE(device[i].begin_us, outer.begin_us);
+    EXPECT_LE(previous_end, outer.begin_us + outer.duration_us + 1e-3);
+  }
+}
+
 }  // namespace
 }  // namespace ulysses

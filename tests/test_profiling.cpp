@@ -9,8 +9,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/trace_file.h"
+#include "kernels/profiler.h"
 #include "tests/testing.h"
 
 namespace ulysses {
@@ -149,6 +152,76 @@ TEST(Profiling, VerdictSaysMemoryWhenThePeakIsNearTheLimit) {
       train(dir, 1, " --set train.steps=2 --set memory.limit_gib=" + std::to_string(limit_gib));
   ASSERT_EQ(tight.exit_code, 0) << tight.output;
   EXPECT_MENTIONS(tight.output, "verdict: memory-bound: peak tracked memory is 9");
+}
+
+// A device timeline that records what the profiler tells it, and returns one span per closed
+// phase with made-up device times, so the wiring is checked without a GPU.
+class RecordingTimeline final : public DeviceTimeline {
+ public:
+  void reset_origin() override { calls.push_back("origin"); }
+  void open(const char* phase) override {
+    calls.push_back(std::string("open ") + phase);
+    open_.push_back(phase);
+  }
+  void close() override {
+    calls.push_back("close " + open_.back());
+    TraceSpan span;
+    span.name = open_.back();
+    span.begin_us = double(closed_.size());
+    span.track = Profiler::kDeviceTrack;
+    closed_.push_back(span);
+    open_.pop_back();
+  }
+  std::vector<TraceSpan> take() override { return std::exchange(closed_, {}); }
+  std::vector<std::string> calls;
+
+ private:
+  std::vector<std::string> open_;
+  std::vector<TraceSpan> closed_;
+};
+
+TEST(Profiling, DeviceTimelineSeesEveryTracedPhaseAndItsSpansJoinTheTrace) {
+  Profiler profiler;
+  RecordingTimeline timeline;
+  profiler.set_device_timeline(&timeline);
+  { Profiler::Scope untraced(profiler, "before tracing"); }
+  profiler.set_trace(true);
+  profiler.reset_origin();
+  {
+    Profiler::Scope forward(profiler, "forward");
+    Profiler::Scope attention(profiler, "attention");
+  }
+  {
+    Profiler::Scope recompute(profiler, "recompute", Profiler::Kind::absorbing);
+    Profiler::Scope absorbed(profiler, "mlp");  // its time is recompute's: not opened
+  }
+  const std::vector<std::string> expected = {"origin",          "open forward",  "open attention",
+                                             "close attention", "close forward", "open recompute",
+                                             "close recompute"};
+  EXPECT_EQ(timeline.calls, expected);
+
+  const std::vector<TraceSpan> spans = profiler.take_trace();
+  std::vector<std::string> device_names;
+  for (const TraceSpan& span : spans)
+    if (span.track == Profiler::kDeviceTrack) device_names.push_back(span.name);
+  EXPECT_EQ(device_names, (std::vector<std::string>{"attention", "forward", "recompute"}));
+  EXPECT_EQ(spans.size(), 6u);  // the same three on the compute track
+
+  std::vector<TraceSpan> host_spans;
+  for (const TraceSpan& span : spans)
+    if (span.track != Profiler::kDeviceTrack) host_spans.push_back(span);
+  const json with_device = json::parse("[" + trace_events_json(spans, 0) + "]");
+  const json without_device = json::parse("[" + trace_events_json(host_spans, 0) + "]");
+  auto names_device_track = [](const json& events) {
+    for (const json& event : events)
+      if (event["ph"] == "M" && event["tid"] == Profiler::kDeviceTrack &&
+          event["args"]["name"] == "device stream")
+        return true;
+    return false;
+  };
+  EXPECT_TRUE(names_device_track(with_device));
+  EXPECT_FALSE(names_device_track(without_device));
+  profiler.set_device_timeline(nullptr);
 }
 
 }  // namespace

@@ -1,17 +1,19 @@
 // CudaBackend: device selection, memory, data movement, elementwise helpers, bias, AdamW and
 // the deterministic column reductions that weight gradients use.
+#include <nvtx3/nvToolsExt.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cub/block/block_reduce.cuh>
-#include <nvtx3/nvToolsExt.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cuda_column_sums.cuh"
+#include "kernels/cuda/cuda_timeline.cuh"
 #include "kernels/cuda/cudnn_attention.h"
 
 namespace ulysses {
@@ -119,6 +121,8 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind a
   }
   gemm_workspace_ =
       alloc(MemCategory::workspace, DType::i32, {kGemmWorkspaceBytes / 4}, "cuBLASLt workspace");
+  timeline_ = std::make_unique<CudaTimeline>(stream_);
+  profiler().set_device_timeline(timeline_.get());
 #ifdef ULYSSES_WITH_CUDNN
   if (attention == AttentionKind::cudnn)
     cudnn_attention_ = std::make_unique<CudnnAttention>(*this, stream_);
@@ -134,6 +138,8 @@ CudaBackend::~CudaBackend() {
     cublasLtMatrixLayoutDestroy(plan.c);
     cublasLtMatmulDescDestroy(plan.desc);
   }
+  profiler().set_device_timeline(nullptr);
+  timeline_.reset();
   gemm_workspace_.reset();
   cudnn_attention_.reset();
   cudaStreamSynchronize(stream_);

@@ -16,6 +16,7 @@
 namespace ulysses {
 
 class CudnnAttention;
+class CudaTimeline;
 
 class CudaBackend final : public Backend {
  public:
@@ -114,6 +115,7 @@ class CudaBackend final : public Backend {
   Buffer gemm_workspace_;
   std::map<GemmKey, GemmPlan> gemm_plans_;
   std::unique_ptr<CudnnAttention> cudnn_attention_;  // kernels.attention: cudnn only
+  std::unique_ptr<CudaTimeline> timeline_;           // the trace's device track
 };
 
 }  // namespace ulysses
