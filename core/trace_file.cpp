@@ -1,6 +1,8 @@
 #include "core/trace_file.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/file_util.h"
 #include "core/job_agreement.h"
@@ -32,15 +34,21 @@ std::string trace_events_json(const std::vector<TraceSpan>& spans, int rank) {
        {"pid", rank},
        {"tid", Profiler::kCommTrack},
        {"args", {{"name", "collectives in flight"}}}});
-  // Only a backend with a device stream (cuda) puts spans on the device track.
-  for (const TraceSpan& span : spans) {
-    if (span.track != Profiler::kDeviceTrack) continue;
+  // Only a backend with streams (cuda) puts spans on the device tracks: they are named only
+  // where they have spans.
+  const std::pair<int, const char*> device_tracks[] = {
+      {Profiler::kDeviceTrack, "device stream"},
+      {Profiler::kDeviceCollectiveTrack, "collectives stream"}};
+  for (const auto& [track, track_name] : device_tracks) {
+    const bool used =
+        std::any_of(spans.begin(), spans.end(),
+                    [track = track](const TraceSpan& span) { return span.track == track; });
+    if (!used) continue;
     add({{"name", "thread_name"},
          {"ph", "M"},
          {"pid", rank},
-         {"tid", Profiler::kDeviceTrack},
-         {"args", {{"name", "device stream"}}}});
-    break;
+         {"tid", track},
+         {"args", {{"name", track_name}}}});
   }
   for (const TraceSpan& span : spans) {
     json args = {{"bytes", span.bytes}};

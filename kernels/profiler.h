@@ -49,7 +49,9 @@ struct TraceSpan {
   std::string name;
   double begin_us = 0.0;  // since the profiler's origin
   double duration_us = 0.0;
-  int track = 0;  // 0: the compute thread; 1: collectives in flight; 2: the device stream
+  // 0: the compute thread; 1: collectives in flight; 2: the device stream; 3: the
+  // collectives' device stream
+  int track = 0;
   int64_t bytes = 0;
   double flops = 0.0;
 };
@@ -71,7 +73,8 @@ class Profiler {
  public:
   static constexpr int kComputeTrack = 0;
   static constexpr int kCommTrack = 1;
-  static constexpr int kDeviceTrack = 2;  // the backend's stream, where it has one
+  static constexpr int kDeviceTrack = 2;            // the backend's stream, where it has one
+  static constexpr int kDeviceCollectiveTrack = 3;  // a device communicator's stream (NCCL)
 
   // Inline: the backends construct one without linking this library's objects.
   Profiler() : origin_(std::chrono::steady_clock::now()) {}

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_timeline.cuh"
 #include "parallel/comm_checks.h"
 #include "parallel/watchdog.h"
 
@@ -19,6 +20,10 @@ struct NcclComm::Native {
   cudaStream_t stream = nullptr;   // the communicator's own
   cudaStream_t compute = nullptr;  // the backend's, not owned
   int device = 0;
+  // While the backend's profiler traces, each collective is timed on the stream and handed
+  // to the backend's timeline (docs/profiling.md); both are the backend's.
+  Profiler* profiler = nullptr;
+  CudaTimeline* timeline = nullptr;
 };
 
 namespace {
@@ -83,14 +88,24 @@ void add_difference(CommStats& stats, const CommStats& before, const CommStats& 
 // Completion of the NCCL calls of one operation: an event on the communicator's stream.
 class NcclComm::Request final : public CommRequest {
  public:
-  Request(NcclComm& comm, const std::string& comm_name, double* seconds)
+  // Called after the stream was ordered behind the compute stream and before the NCCL calls.
+  Request(NcclComm& comm, const std::string& comm_name, const char* operation, int64_t bytes,
+          double* seconds)
       : comm_(comm),
         native_(*comm.native_),
         comm_name_(comm_name),
+        operation_(operation),
+        bytes_(bytes),
         seconds_(seconds),
         start_(Clock::now()) {
-    check_cuda(cudaEventCreateWithFlags(&done_event_, cudaEventDisableTiming), "cudaEventCreate",
-               comm_name_);
+    const bool traced = native_.timeline && native_.profiler->tracing();
+    check_cuda(
+        cudaEventCreateWithFlags(&done_event_, traced ? cudaEventDefault : cudaEventDisableTiming),
+        "cudaEventCreate", comm_name_);
+    if (traced) {
+      check_cuda(cudaEventCreate(&begin_event_), "cudaEventCreate", comm_name_);
+      check_cuda(cudaEventRecord(begin_event_, native_.stream), "cudaEventRecord", comm_name_);
+    }
   }
 
   // A collective cannot be abandoned: a handle dropped without wait() waits.
@@ -101,7 +116,8 @@ class NcclComm::Request final : public CommRequest {
       } catch (...) {
       }
     }
-    cudaEventDestroy(done_event_);
+    if (begin_event_) cudaEventDestroy(begin_event_);
+    if (done_event_) cudaEventDestroy(done_event_);
   }
 
   void record() {
@@ -135,14 +151,21 @@ class NcclComm::Request final : public CommRequest {
     check_nccl(ncclCommGetAsyncError(native_.comm, &async_error), "ncclCommGetAsyncError",
                comm_name_);
     check_nccl(async_error, "NCCL operation", comm_name_, native_.comm);
+    if (begin_event_) {
+      native_.timeline->add_collective(operation_, begin_event_, done_event_, bytes_);
+      begin_event_ = done_event_ = nullptr;
+    }
   }
 
  private:
   NcclComm& comm_;
   const Native& native_;
   std::string comm_name_;
+  const char* operation_;
+  int64_t bytes_;
   double* seconds_;
   Clock::time_point start_;
+  cudaEvent_t begin_event_ = nullptr;  // only while tracing
   cudaEvent_t done_event_ = nullptr;
   bool waited_ = false;
 };
@@ -152,6 +175,8 @@ NcclComm::NcclComm(std::unique_ptr<Comm> host_comm, Backend& backend)
   set_watchdog(host_->watchdog());
   native_->compute = static_cast<cudaStream_t>(cuda_backend_stream(backend));
   native_->device = cuda_backend_device(backend);
+  native_->profiler = &backend.profiler();
+  native_->timeline = &cuda_backend_timeline(backend);
   check_cuda(cudaSetDevice(native_->device), "cudaSetDevice", name());
   ncclUniqueId id{};
   if (host_->rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", name());
@@ -177,15 +202,15 @@ NcclComm::~NcclComm() {
 }
 
 template <typename Enqueue>
-std::unique_ptr<NcclComm::Request> NcclComm::issue(const char* operation, double* seconds,
-                                                   Enqueue enqueue) {
+std::unique_ptr<NcclComm::Request> NcclComm::issue(const char* operation, int64_t bytes,
+                                                   double* seconds, Enqueue enqueue) {
   cudaEvent_t ready = nullptr;
   check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate", name());
   cudaError_t status = cudaEventRecord(ready, native_->compute);
   if (status == cudaSuccess) status = cudaStreamWaitEvent(native_->stream, ready, 0);
   cudaEventDestroy(ready);  // released once the wait is satisfied
   check_cuda(status, "ordering after the compute stream", name());
-  auto request = std::make_unique<Request>(*this, name(), seconds);
+  auto request = std::make_unique<Request>(*this, name(), operation, bytes, seconds);
   check_nccl(ncclGroupStart(), "ncclGroupStart", name());
   try {
     enqueue();
@@ -205,7 +230,8 @@ CommHandle NcclComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
   check_all_to_all_args(*this, send, recv);
   const int64_t block = send.numel() / size();
   const ncclDataType_t type = nccl_type(send.dtype);
-  auto request = issue("all_to_all", &stats_.all_to_all_seconds, [&] {
+  const int64_t bytes = int64_t(send.bytes()) / size() * (size() - 1);
+  auto request = issue("all_to_all", bytes, &stats_.all_to_all_seconds, [&] {
     for (int peer = 0; peer < size(); ++peer) {
       check_nccl(ncclSend(element_at(send, peer * block), size_t(block), type, peer, native_->comm,
                           native_->stream),
@@ -215,7 +241,7 @@ CommHandle NcclComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
                  "ncclRecv", name());
     }
   });
-  stats_.all_to_all_bytes += int64_t(send.bytes()) / size() * (size() - 1);
+  stats_.all_to_all_bytes += bytes;
   return request;
 }
 
@@ -228,7 +254,10 @@ void NcclComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
                             const int64_t* recv_counts, const int64_t* recv_displs) {
   check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
   const ncclDataType_t type = nccl_type(send.dtype);
-  issue("all_to_all_v", &stats_.all_to_all_seconds, [&] {
+  int64_t bytes = 0;
+  for (int peer = 0; peer < size(); ++peer)
+    if (peer != rank()) bytes += send_counts[peer] * int64_t(dtype_size(send.dtype));
+  issue("all_to_all_v", bytes, &stats_.all_to_all_seconds, [&] {
     for (int peer = 0; peer < size(); ++peer) {
       if (send_counts[peer] > 0)
         check_nccl(ncclSend(element_at(send, send_displs[peer]), size_t(send_counts[peer]), type,
@@ -240,15 +269,13 @@ void NcclComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
                    "ncclRecv", name());
     }
   })->wait();
-  for (int peer = 0; peer < size(); ++peer)
-    if (peer != rank())
-      stats_.all_to_all_bytes += send_counts[peer] * int64_t(dtype_size(send.dtype));
+  stats_.all_to_all_bytes += bytes;
 }
 
 // ---- reductions ----------------------------------------------------------------------------
 
 CommHandle NcclComm::all_reduce_async(const Tensor& data, ReduceOp op) {
-  auto request = issue("all_reduce", &stats_.reduce_seconds, [&] {
+  auto request = issue("all_reduce", int64_t(data.bytes()), &stats_.reduce_seconds, [&] {
     check_nccl(ncclAllReduce(data.data, data.data, size_t(data.numel()), nccl_type(data.dtype),
                              nccl_op(op), native_->comm, native_->stream),
                "ncclAllReduce", name());
@@ -269,7 +296,7 @@ void NcclComm::all_reduce_host(double* values, int count, ReduceOp op) {
 
 CommHandle NcclComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
   check_reduce_scatter_args(*this, send, recv);
-  auto request = issue("reduce_scatter", &stats_.reduce_seconds, [&] {
+  auto request = issue("reduce_scatter", int64_t(send.bytes()), &stats_.reduce_seconds, [&] {
     check_nccl(ncclReduceScatter(send.data, recv.data, size_t(recv.numel()), nccl_type(send.dtype),
                                  nccl_op(op), native_->comm, native_->stream),
                "ncclReduceScatter", name());
@@ -286,7 +313,7 @@ void NcclComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp o
 
 CommHandle NcclComm::all_gather_async(const Tensor& send, const Tensor& recv) {
   check_all_gather_args(*this, send, recv);
-  auto request = issue("all_gather", &stats_.gather_seconds, [&] {
+  auto request = issue("all_gather", int64_t(send.bytes()), &stats_.gather_seconds, [&] {
     check_nccl(ncclAllGather(send.data, recv.data, size_t(send.numel()), nccl_type(send.dtype),
                              native_->comm, native_->stream),
                "ncclAllGather", name());
@@ -301,7 +328,7 @@ void NcclComm::all_gather(const Tensor& send, const Tensor& recv) {
 
 void NcclComm::broadcast(const Tensor& data, int root) {
   check_root(*this, root, "broadcast");
-  issue("broadcast", &stats_.gather_seconds, [&] {
+  issue("broadcast", int64_t(data.bytes()), &stats_.gather_seconds, [&] {
     check_nccl(ncclBroadcast(data.data, data.data, size_t(data.numel()), nccl_type(data.dtype),
                              root, native_->comm, native_->stream),
                "ncclBroadcast", name());

@@ -61,7 +61,8 @@ class NcclComm final : public Comm {
   // calls on the communicator's stream) and returns the handle of their completion; its wait
   // adds the seconds from issue to completion to *seconds.
   template <typename Enqueue>
-  std::unique_ptr<Request> issue(const char* operation, double* seconds, Enqueue enqueue);
+  std::unique_ptr<Request> issue(const char* operation, int64_t bytes, double* seconds,
+                                 Enqueue enqueue);
 
   std::unique_ptr<Comm> host_;
   std::unique_ptr<Native> native_;

@@ -212,15 +212,27 @@ TEST(Profiling, DeviceTimelineSeesEveryTracedPhaseAndItsSpansJoinTheTrace) {
     if (span.track != Profiler::kDeviceTrack) host_spans.push_back(span);
   const json with_device = json::parse("[" + trace_events_json(spans, 0) + "]");
   const json without_device = json::parse("[" + trace_events_json(host_spans, 0) + "]");
-  auto names_device_track = [](const json& events) {
+  auto names_device_track = [](const json& events, int track, const std::string& name) {
     for (const json& event : events)
-      if (event["ph"] == "M" && event["tid"] == Profiler::kDeviceTrack &&
-          event["args"]["name"] == "device stream")
+      if (event["ph"] == "M" && event.contains("tid") && event["tid"] == track &&
+          event["args"]["name"] == name)
         return true;
     return false;
   };
-  EXPECT_TRUE(names_device_track(with_device));
-  EXPECT_FALSE(names_device_track(without_device));
+  EXPECT_TRUE(names_device_track(with_device, Profiler::kDeviceTrack, "device stream"));
+  EXPECT_FALSE(names_device_track(without_device, Profiler::kDeviceTrack, "device stream"));
+  // A device communicator's collectives get their own named track, only when present.
+  EXPECT_FALSE(
+      names_device_track(with_device, Profiler::kDeviceCollectiveTrack, "collectives stream"));
+  TraceSpan collective;
+  collective.name = "all_to_all";
+  collective.track = Profiler::kDeviceCollectiveTrack;
+  collective.bytes = 4096;
+  host_spans.push_back(collective);
+  const json with_collective = json::parse("[" + trace_events_json(host_spans, 0) + "]");
+  EXPECT_TRUE(
+      names_device_track(with_collective, Profiler::kDeviceCollectiveTrack, "collectives stream"));
+  EXPECT_FALSE(names_device_track(with_collective, Profiler::kDeviceTrack, "device stream"));
   profiler.set_device_timeline(nullptr);
 }
 

@@ -73,6 +73,10 @@ void* cuda_backend_stream(Backend& backend) {
   return as_cuda(backend, "cuda_backend_stream").stream();
 }
 
+CudaTimeline& cuda_backend_timeline(Backend& backend) {
+  return as_cuda(backend, "cuda_backend_timeline").timeline();
+}
+
 int cuda_backend_device(Backend& backend) {
   return as_cuda(backend, "cuda_backend_device").device();
 }

@@ -10,6 +10,8 @@
 
 namespace ulysses {
 
+class CudaTimeline;
+
 // kernels.attention: the hand-written flash-style kernels, or cuDNN's fused SDPA.
 enum class AttentionKind { native, cudnn };
 
@@ -29,6 +31,10 @@ void* cuda_backend_stream(Backend& backend);
 
 // The CUDA device ordinal a CUDA backend uses; throws std::invalid_argument for others.
 int cuda_backend_device(Backend& backend);
+
+// The trace timeline of a CUDA backend (kernels/cuda/cuda_timeline.cuh), where a device
+// communicator adds its collectives while the profiler traces; throws for other backends.
+CudaTimeline& cuda_backend_timeline(Backend& backend);
 
 // GPUs this process can see (0 when CUDA reports an error).
 int cuda_device_count();

@@ -28,6 +28,7 @@ class CudaBackend final : public Backend {
   DType compute_dtype() const override { return DType::bf16; }
   void set_num_threads(int threads) override;
   cudaStream_t stream() const { return stream_; }
+  CudaTimeline& timeline() { return *timeline_; }
   int device() const { return device_; }
 
   void* raw_alloc(size_t bytes) override;

@@ -38,7 +38,7 @@ void CudaTimeline::open(const char* phase) {
   if (!origin_) reset_origin();
   cudaEvent_t begin = reuse_or_create_event();
   check_cuda(cudaEventRecord(begin, stream_), "cudaEventRecord (trace timeline)");
-  open_.push_back({phase, begin, nullptr});
+  open_.push_back({phase, begin, nullptr, Profiler::kDeviceTrack, 0});
 }
 
 void CudaTimeline::close() {
@@ -61,9 +61,17 @@ void CudaTimeline::close() {
   closed_.push_back(span);
 }
 
+void CudaTimeline::add_collective(const char* name, cudaEvent_t begin, cudaEvent_t end,
+                                  int64_t bytes) {
+  if (!origin_) reset_origin();
+  closed_.push_back({name, begin, end, Profiler::kDeviceCollectiveTrack, bytes});
+}
+
 std::vector<TraceSpan> CudaTimeline::take() {
   std::vector<TraceSpan> spans;
   if (closed_.empty()) return spans;
+  // Collectives' events were recorded on their own stream, which finished them before the
+  // communicator handed them over; the backend's stream may still be running.
   check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (trace timeline)");
   spans.reserve(closed_.size());
   for (const Span& span : closed_) {
@@ -73,10 +81,11 @@ std::vector<TraceSpan> CudaTimeline::take() {
     check_cuda(cudaEventElapsedTime(&begin_to_end_ms, span.begin, span.end),
                "cudaEventElapsedTime (trace timeline)");
     TraceSpan out;
-    out.name = span.phase;
+    out.name = span.name;
     out.begin_us = double(origin_to_begin_ms) * 1e3;
     out.duration_us = double(begin_to_end_ms) * 1e3;
-    out.track = Profiler::kDeviceTrack;
+    out.track = span.track;
+    out.bytes = span.bytes;
     spans.push_back(out);
     free_events_.push_back(span.begin);
     free_events_.push_back(span.end);

@@ -1,9 +1,12 @@
-// The device track of a trace (docs/profiling.md): the phases as the stream ran them, timed
-// by CUDA events recorded on the stream where the host opens and closes each phase.
+// The device tracks of a trace (docs/profiling.md): the phases as the backend's stream ran
+// them, timed by CUDA events recorded on the stream where the host opens and closes each
+// phase, and the collectives as a device communicator's stream ran them.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/profiler.h"
@@ -23,10 +26,16 @@ class CudaTimeline final : public DeviceTimeline {
   void close() override;
   std::vector<TraceSpan> take() override;
 
+  // A collective as another stream ran it, between two events (created with timing) that
+  // were recorded there; the timeline owns them from here on.
+  void add_collective(const char* name, cudaEvent_t begin, cudaEvent_t end, int64_t bytes);
+
  private:
   struct Span {
-    const char* phase;
+    const char* name;
     cudaEvent_t begin, end;
+    int track;
+    int64_t bytes;
   };
   cudaEvent_t reuse_or_create_event();
 
