@@ -9,6 +9,7 @@
 
 #include "core/checkpoint_format.h"
 #include "core/job_errors.h"
+#include "core/log_setup.h"
 #include "core/params.h"
 #include "core/weights_io_formats.h"
 
@@ -77,13 +78,16 @@ int run_export_command(int argc, char** argv) {
                  "hf-llama: the folder to write config.json and model.safetensors into (created if "
                  "needed); llmc: the .bin file to write")
       ->required();
+  std::string color = "auto";
+  app.add_option("--color", color, "colour the log: auto (only on a terminal), always or never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   try {
     app.parse(argc - 1, argv + 1);  // argv[1] is "export"
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : 2;
   }
 
-  spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
+  setup_logging(parse_log_color(color));
   try {
     export_checkpoint(options);
   } catch (const std::exception& error) {

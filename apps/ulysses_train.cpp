@@ -7,6 +7,7 @@
 
 #include "apps/export_command.h"
 #include "core/job_errors.h"
+#include "core/log_setup.h"
 #include "core/run_job.h"
 #include "core/stop_signal.h"
 #include "parallel/mpi_comm.h"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "export") return run_export_command(argc, argv);
   JobOptions options;
   std::string resume;
+  std::string color = "auto";
   CLI::App app{
       "ulysses-train: trains a Llama- or GPT-2-style transformer on long sequences, each "
       "sequence split over the ranks of a sequence-parallel group (Ulysses all-to-all).\n"
@@ -42,6 +44,9 @@ int main(int argc, char** argv) {
       "--resume", resume,
       "continue from a checkpoint: 'auto' (the newest intact one under train.checkpoint.dir, or "
       "a fresh start if there is none), a step folder, or a checkpoint dir");
+  app.add_option("--color", color,
+                 "colour the log: auto (only on a terminal, never under mpirun), always or never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -58,9 +63,7 @@ int main(int argc, char** argv) {
   MpiSession mpi(&argc, &argv);
   install_stop_handlers();  // after MPI_Init, which may install handlers of its own
   std::unique_ptr<Comm> world = mpi.world();
-  spdlog::set_pattern(world->size() > 1
-                          ? "[%H:%M:%S] [rank " + std::to_string(world->rank()) + "] %^%l%$ %v"
-                          : "[%H:%M:%S] %^%l%$ %v");
+  setup_logging(parse_log_color(color), world->rank(), world->size());
   try {
     run_job(options, *world);
     return int(ExitCode::done);
