@@ -60,6 +60,7 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(train.lr),
       ULYSSES_FIELD(train.min_lr),
       ULYSSES_FIELD(train.warmup_steps),
+      ULYSSES_FIELD(train.schedule),
       ULYSSES_FIELD(train.weight_decay),
       ULYSSES_FIELD(train.beta1),
       ULYSSES_FIELD(train.beta2),
@@ -78,6 +79,7 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(data.path),
       ULYSSES_FIELD(data.val_path),
       ULYSSES_FIELD(data.val_fraction),
+      ULYSSES_FIELD(data.order),
       ULYSSES_FIELD(data.n_pairs),
       ULYSSES_FIELD(data.n_queries),
       ULYSSES_FIELD(data.n_keys),
@@ -592,11 +594,13 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   check.at_least("train.eval_every", c.train.eval_every, 0);
   check.at_least("train.eval_steps", c.train.eval_steps, 1);
   check.choice("train.on_nonfinite", c.train.on_nonfinite, {"abort", "skip"});
+  check.choice("train.schedule", c.train.schedule, {"cosine", "linear", "constant"});
   check.at_least("train.max_skipped_steps", c.train.max_skipped_steps, 1);
   check.at_least("train.checkpoint.every", c.train.checkpoint.every, 0);
   check.at_least("train.checkpoint.keep_last", c.train.checkpoint.keep_last, 0);
 
   check.choice("data.source", c.data.source, {"synthetic", "text", "tokens"});
+  check.choice("data.order", c.data.order, {"shuffled", "sequential"});
   check.unit_interval("data.val_fraction", c.data.val_fraction);
   check.at_least("data.n_pairs", c.data.n_pairs, 1);
   check.at_least("data.n_queries", c.data.n_queries, 1);

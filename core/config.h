@@ -48,6 +48,8 @@ struct TrainConfig {
   double lr = 3e-3;
   double min_lr = 0.0;
   int warmup_steps = 0;
+  // After the warmup: cosine or linear decay to min_lr at the last step, or constant lr.
+  std::string schedule = "cosine";  // cosine | linear | constant
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -12,8 +12,8 @@
 
 namespace ulysses {
 
-// Linear warmup from lr/warmup_steps to lr over warmup_steps, then cosine decay to
-// min_lr at the last step. step is 0-based.
+// Linear warmup from lr/warmup_steps to lr over warmup_steps, then train.schedule: cosine or
+// linear decay to min_lr at the last step, or lr constant. step is 0-based.
 double learning_rate(const TrainConfig& train, int64_t step);
 
 // Factor that scales the gradient so that its global norm is at most max_norm

@@ -14,15 +14,17 @@ namespace ulysses {
 namespace {
 
 // Sequence i of an epoch starts at begin + i * seq_len of the stream and reads
-// seq_len + 1 tokens; index n * epoch + k visits sequence perm_epoch(k).
+// seq_len + 1 tokens; index n * epoch + k visits sequence perm_epoch(k), or sequence k when
+// the order is sequential.
 class PackedDataset : public Dataset {
  public:
   PackedDataset(std::shared_ptr<TokenStream> stream, int64_t begin, int64_t end, int64_t seq_len,
-                uint64_t order_seed)
+                bool shuffled, uint64_t order_seed)
       : stream_(std::move(stream)),
         begin_(begin),
         seq_len_(seq_len),
         num_sequences_((end - begin - 1) / seq_len),
+        shuffled_(shuffled),
         order_seed_(order_seed) {}
 
   void read_slice(int64_t index, int64_t offset, int64_t length, int32_t* inputs,
@@ -33,9 +35,11 @@ class PackedDataset : public Dataset {
                               ") of a sequence of " + std::to_string(seq_len_));
     }
     if (length == 0) return;
-    int64_t epoch = index / num_sequences_;
-    Permutation order(num_sequences_, hash_words(order_seed_, uint64_t(epoch)));
-    int64_t start = begin_ + order(index % num_sequences_) * seq_len_ + offset;
+    const int64_t epoch = index / num_sequences_, in_epoch = index % num_sequences_;
+    const int64_t sequence =
+        shuffled_ ? Permutation(num_sequences_, hash_words(order_seed_, uint64_t(epoch)))(in_epoch)
+                  : in_epoch;
+    int64_t start = begin_ + sequence * seq_len_ + offset;
     // Targets are the inputs shifted by one, plus the one token after the slice.
     stream_->read(start, length, inputs);
     for (int64_t i = 0; i + 1 < length; i++) targets[i] = inputs[i + 1];
@@ -49,6 +53,7 @@ class PackedDataset : public Dataset {
   int64_t begin_;
   int64_t seq_len_;
   int64_t num_sequences_;
+  bool shuffled_;
   uint64_t order_seed_;
 };
 
@@ -87,13 +92,15 @@ std::unique_ptr<Dataset> make_packed_dataset(const DataConfig& data, Split split
   }
   // "order" in ASCII: keeps the shuffle's stream apart from other uses of the seed.
   uint64_t order_seed = hash_words(seed, split == Split::train ? 1 : 2, 0x6f72646572ull);
+  const bool shuffled = data.order != "sequential";
 
   if (split == Split::val && !data.val_path.empty()) {
     auto stream = load_stream(data, data.val_path, "data.val_path", vocab_size);
     check_fits(stream->size(), seq_len, "validation",
                "data.val_path " + stream->describe() + " holds " + std::to_string(stream->size()) +
                    " tokens");
-    return std::make_unique<PackedDataset>(stream, 0, stream->size(), seq_len, order_seed);
+    return std::make_unique<PackedDataset>(stream, 0, stream->size(), seq_len, shuffled,
+                                           order_seed);
   }
 
   auto stream = load_stream(data, data.path, "data.path", vocab_size);
@@ -109,14 +116,15 @@ std::unique_ptr<Dataset> make_packed_dataset(const DataConfig& data, Split split
   }
   if (split == Split::train) {
     check_fits(train_tokens, seq_len, "training", sizes);
-    return std::make_unique<PackedDataset>(stream, 0, train_tokens, seq_len, order_seed);
+    return std::make_unique<PackedDataset>(stream, 0, train_tokens, seq_len, shuffled, order_seed);
   }
   if (val_tokens == 0) {
     throw DataError("no validation data: data.val_path is empty and " + sizes +
                     "; set data.val_path or a larger data.val_fraction");
   }
   check_fits(val_tokens, seq_len, "validation", sizes);
-  return std::make_unique<PackedDataset>(stream, train_tokens, total, seq_len, order_seed);
+  return std::make_unique<PackedDataset>(stream, train_tokens, total, seq_len, shuffled,
+                                         order_seed);
 }
 
 }  // namespace ulysses

@@ -1,6 +1,6 @@
 // The text and tokens sources: documents packed into one token stream, cut into
 // sequences of seq_len + 1 tokens (inputs and their shifted targets) that share their
-// boundary token, visited in a seeded shuffled order per epoch.
+// boundary token, visited in a seeded shuffled order per epoch or in order (data.order).
 #pragma once
 
 #include <cstdint>

@@ -38,7 +38,7 @@ class ResumeTest : public ::testing::TestWithParam<std::tuple<std::string, std::
 TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
   const auto& [family, source] = GetParam();
   TempDir dir;
-  std::string data_yaml;
+  std::string data_yaml, schedule;
   if (source == "synthetic") {
     data_yaml = "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
   } else if (source == "text") {
@@ -46,6 +46,13 @@ TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
     for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
     testing::write_text_file(dir.file("corpus.txt"), text);
     data_yaml = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
+  } else if (source == "text-sequential") {
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
+    testing::write_text_file(dir.file("corpus.txt"), text);
+    data_yaml = "data: {source: text, path: " + dir.file("corpus.txt") + ", order: sequential}\n";
+    // The other schedule too: the learning rate is a function of the step, so resume is exact.
+    schedule = " --set train.schedule=linear --set train.min_lr=3e-4";
   } else {
     std::vector<int32_t> tokens;
     for (int i = 0; i < 6000; ++i) tokens.push_back((i * 37 + i / 7) % 300);
@@ -56,9 +63,9 @@ TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
                            config_yaml(family, data_yaml, dir.file("ckpt_a"), dir.file("a.jsonl")));
   testing::write_text_file(dir.file("b.yaml"),
                            config_yaml(family, data_yaml, dir.file("ckpt_b"), dir.file("b.jsonl")));
-  auto a = run_command(kTrain + " --config " + dir.file("a.yaml"));
+  auto a = run_command(kTrain + " --config " + dir.file("a.yaml") + schedule);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  auto b = run_command(kTrain + " --config " + dir.file("b.yaml") + " --resume " +
+  auto b = run_command(kTrain + " --config " + dir.file("b.yaml") + schedule + " --resume " +
                        dir.file("ckpt_a/step_00000003"));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   std::vector<double> full = testing::read_step_losses(dir.file("a.jsonl"));
@@ -70,7 +77,8 @@ TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
 
 INSTANTIATE_TEST_SUITE_P(FamiliesAndSources, ResumeTest,
                          ::testing::Combine(::testing::Values("llama", "gpt2"),
-                                            ::testing::Values("synthetic", "text", "tokens")));
+                                            ::testing::Values("synthetic", "text", "tokens",
+                                                              "text-sequential")));
 
 class CheckpointFixture : public ::testing::Test {
  protected:

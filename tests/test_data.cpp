@@ -368,6 +368,27 @@ TEST(TextData, EveryEpochVisitsEverySequenceInANewOrder) {
   EXPECT_EQ(read_range(*again, n + 7, 0, 64), read_range(*dataset, n + 7, 0, 64));
 }
 
+TEST(TextData, SequentialOrderReadsSequencesInTheirPlaceEveryEpoch) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 64 * 20; i++) text += char('a' + (i / 64) % 26);
+  write_text_file(dir.file("c.txt"), text);
+  DataConfig data = text_config(dir.file("c.txt"), 0.0);
+  data.order = "sequential";
+  auto dataset = make_dataset(data, Split::train, 64, 257, 4);
+  const int64_t n = dataset->num_sequences();
+  ASSERT_EQ(n, 20);
+  for (int64_t epoch : {0, 1, 5}) {
+    for (int64_t i = 0; i < n; i++) {
+      EXPECT_EQ(read_range(*dataset, epoch * n + i, 0, 64).inputs[0], 'a' + i)
+          << "epoch " << epoch << ", sequence " << i;
+    }
+  }
+  // The seed does not matter in order.
+  auto other_seed = make_dataset(data, Split::train, 64, 257, 99);
+  EXPECT_EQ(read_range(*other_seed, 3, 0, 64), read_range(*dataset, 3, 0, 64));
+}
+
 TEST(TextData, TooSmallCorpusNamesTheSizes) {
   TempDir dir;
   write_text_file(dir.file("tiny.txt"), std::string(99, 'x'));  // 100 tokens

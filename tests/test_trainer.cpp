@@ -168,7 +168,7 @@ TEST(Trainer, LayerCheckpointingKeepsOneBlockOfActivations) {
   EXPECT_EQ(plain_four.checkpoints, 0);
 }
 
-TEST(Schedule, WarmupThenCosineToMinLr) {
+TEST(Schedule, WarmupThenCosineLinearOrConstant) {
   TrainConfig train;
   train.steps = 110;
   train.lr = 1.0;
@@ -179,6 +179,15 @@ TEST(Schedule, WarmupThenCosineToMinLr) {
   EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1.0);
   EXPECT_NEAR(learning_rate(train, 109), 0.1, 1e-12);
   EXPECT_NEAR(learning_rate(train, 10 + 99 / 2.0), 0.55, 1e-2);
+  train.schedule = "linear";
+  EXPECT_DOUBLE_EQ(learning_rate(train, 9), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1.0);
+  EXPECT_NEAR(learning_rate(train, 10 + 33), 1.0 - 0.9 * 33.0 / 99.0, 1e-12);
+  EXPECT_NEAR(learning_rate(train, 109), 0.1, 1e-12);
+  train.schedule = "constant";
+  EXPECT_DOUBLE_EQ(learning_rate(train, 0), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(train, 109), 1.0);
   EXPECT_FLOAT_EQ(clip_scale(2.0, 1.0), float(1.0 / (2.0 + 1e-6)));
   EXPECT_FLOAT_EQ(clip_scale(0.5, 1.0), 1.0f);
   EXPECT_FLOAT_EQ(clip_scale(5.0, 0.0), 1.0f);
