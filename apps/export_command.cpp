@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/world_main.h"
 #include "core/checkpoint_format.h"
 #include "core/job_errors.h"
 #include "core/log_setup.h"
@@ -79,8 +80,7 @@ int run_export_command(int argc, char** argv) {
                  "needed); llmc: the .bin file to write")
       ->required();
   std::string color = "auto";
-  app.add_option("--color", color, "colour the log: auto (only on a terminal), always or never")
-      ->check(CLI::IsMember({"auto", "always", "never"}));
+  add_color_option(app, color);
   try {
     app.parse(argc - 1, argv + 1);  // argv[1] is "export"
   } catch (const CLI::ParseError& error) {

@@ -1,20 +1,21 @@
 // ulysses-train: parses the command line, runs the job (core/run_job.h) and turns any error
 // into a logged message and an exit status on every rank (docs/failures.md).
-#include <spdlog/spdlog.h>
-
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "apps/eval_command.h"
 #include "apps/export_command.h"
+#include "apps/sample_command.h"
+#include "apps/world_main.h"
 #include "core/job_errors.h"
 #include "core/log_setup.h"
 #include "core/run_job.h"
-#include "core/stop_signal.h"
-#include "parallel/mpi_comm.h"
 
 int main(int argc, char** argv) {
   using namespace ulysses;
   if (argc >= 2 && std::string(argv[1]) == "export") return run_export_command(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "eval") return run_eval_command(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "sample") return run_sample_command(argc, argv);
   JobOptions options;
   std::string resume;
   std::string color = "auto";
@@ -30,9 +31,13 @@ int main(int argc, char** argv) {
       "  2  bad arguments, config, data, checkpoint or weight files\n"
       "  3  the loss or gradient became NaN or infinite (train.on_nonfinite)\n"
       "  4  a rank waited longer than parallel.timeout_s in a collective (watchdog)\n"
-      "Also: ulysses-train export --checkpoint DIR --format hf-llama|llmc --out PATH   (see "
-      "ulysses-train export --help)\nDocs: docs/configuration.md, docs/checkpoints.md, "
-      "docs/failures.md, docs/parallelism.md");
+      "Also (each with --help):\n"
+      "  ulysses-train export --checkpoint DIR --format hf-llama|llmc --out PATH\n"
+      "  ulysses-train eval --config C --checkpoint DIR | --init-from PATH [--json]\n"
+      "  ulysses-train sample --config C --checkpoint DIR | --init-from PATH [--prompt TEXT | "
+      "--prompt-tokens 1,2,3] [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+      "Docs: docs/configuration.md, docs/checkpoints.md, docs/evaluation.md, docs/failures.md, "
+      "docs/parallelism.md");
   app.add_option("--config,-c", options.config_path, "YAML config file (see docs/configuration.md)")
       ->required();
   app.add_option("--set", options.overrides,
@@ -44,9 +49,7 @@ int main(int argc, char** argv) {
       "--resume", resume,
       "continue from a checkpoint: 'auto' (the newest intact one under train.checkpoint.dir, or "
       "a fresh start if there is none), a step folder, or a checkpoint dir");
-  app.add_option("--color", color,
-                 "colour the log: auto (only on a terminal, never under mpirun), always or never")
-      ->check(CLI::IsMember({"auto", "always", "never"}));
+  add_color_option(app, color);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -60,22 +63,6 @@ int main(int argc, char** argv) {
     options.resume = resume;
   }
 
-  MpiSession mpi(&argc, &argv);
-  install_stop_handlers();  // after MPI_Init, which may install handlers of its own
-  std::unique_ptr<Comm> world = mpi.world();
-  setup_logging(parse_log_color(color), world->rank(), world->size());
-  try {
-    run_job(options, *world);
-    return int(ExitCode::done);
-  } catch (const JobError& error) {
-    // Every rank raised it together: each exits with its code, without aborting the job.
-    if (error.print_here()) spdlog::error("{}", error.what());
-    spdlog::default_logger()->flush();
-    return int(error.code());
-  } catch (const std::exception& error) {
-    spdlog::error("{}", error.what());
-    const int code = int(exit_code_for(error));
-    if (world->size() > 1) world->abort(code);
-    return code;
-  }
+  return run_on_world(&argc, &argv, true, parse_log_color(color),
+                      [&](Comm& world) { run_job(options, world); });
 }

@@ -283,4 +283,25 @@ LossResult Model::evaluate(const MicroBatch& batch) {
                                memory_.loss_tile_tokens, 1.0f, Tensor(), Tensor());
 }
 
+std::vector<float> Model::logits(const MicroBatch& batch, const std::vector<int64_t>& rows) {
+  WeightPipeline weights(state_, unit_plan(false), prefetch_ ? 1 : 0);
+  forward(batch, weights);
+  weights.take(unit_of(lm_head_role()));
+  // One row of logits at a time: the fused loss never holds them (docs/design.md), and a
+  // sampler needs only the few rows it draws from.
+  const int64_t vocab = model_.vocab_size;
+  Buffer row_logits = backend_.alloc(MemCategory::workspace, DType::f32, {1, vocab}, "logits");
+  std::vector<float> host(rows.size() * size_t(vocab));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= shape_.batch * shape_.seq_local)
+      throw std::logic_error("logits of row " + std::to_string(rows[i]) + ", outside the " +
+                             std::to_string(shape_.batch * shape_.seq_local) +
+                             " rows of the micro-batch");
+    backend_.gemm(final_norm_out_.tensor().slice_rows(rows[i], rows[i] + 1), false,
+                  weight(lm_head_role()), true, row_logits, 1.0f, 0.0f);
+    backend_.download(host.data() + i * size_t(vocab), row_logits);
+  }
+  return host;
+}
+
 }  // namespace ulysses

@@ -58,6 +58,9 @@ class Model {
   LossResult forward_backward(const MicroBatch& batch, float grad_scale);
   // Forward and loss only.
   LossResult evaluate(const MicroBatch& batch);
+  // Forward only, then the logits of some rows of the micro-batch (row b · seq_local + t),
+  // for sampling (core/sampler.h): rows.size() × vocab_size floats, one row after another.
+  std::vector<float> logits(const MicroBatch& batch, const std::vector<int64_t>& rows);
 
  private:
   // The units in the order a pass uses them: embedding, layers, final norm, LM head, and

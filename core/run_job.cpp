@@ -4,63 +4,22 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <memory>
-#include <thread>
 
 #include "core/checkpoint.h"
 #include "core/config.h"
 #include "core/job_agreement.h"
+#include "core/job_session.h"
 #include "core/metrics.h"
 #include "core/params.h"
 #include "core/trainer.h"
-#include "kernels/backend.h"
-#include "parallel/device_comm.h"
 #include "parallel/mesh.h"
-#include "parallel/mpi_comm.h"
-#include "parallel/progress_thread.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {
 namespace {
-
-int64_t memory_limit_bytes(const Config& config) {
-  return int64_t(config.memory.limit_gib * 1024.0 * 1024.0 * 1024.0);
-}
-
-// Cores of this node for each of its ranks.
-int cores_per_rank(Comm& world) {
-  const int ranks_here = std::max(1, ranks_on_this_node(world));
-  return std::max(1, int(std::thread::hardware_concurrency()) / ranks_here);
-}
-
-// parallel.progress_thread: auto runs one where a rank has a core to spare for it (a local
-// choice: it changes when collectives advance, never what they compute). Returns whether it
-// runs; "on" where it cannot is refused on every rank.
-bool start_progress_thread(Comm& world, const std::string& setting, int cores) {
-  auto* mpi = dynamic_cast<MpiComm*>(&world);
-  const bool possible = world.size() > 1 && mpi && mpi_thread_multiple();
-  std::string error;
-  if (setting == "on" && !possible)
-    error = world.size() == 1 ? "parallel.progress_thread: on, but the job has one rank: "
-                                "nothing travels between ranks; use auto or off"
-                              : "parallel.progress_thread: on, but this MPI library did not "
-                                "grant MPI_THREAD_MULTIPLE; use auto or off";
-  agree_on_failure(world, error, ExitCode::bad_input);
-  const bool start = possible && (setting == "on" || (setting == "auto" && cores >= 2));
-  if (start) mpi->start_progress_thread();
-  return start;
-}
-
-// Each rank takes its share of the node's cores, less the one a progress thread runs on,
-// unless the user set thread counts.
-void set_threads(Backend& backend, int cores, bool progress_thread) {
-  if (std::getenv("OMP_NUM_THREADS")) return;
-  backend.set_num_threads(std::max(1, cores - (progress_thread ? 1 : 0)));
-}
 
 // Prints the resolved config, the parameter count and the tracked bytes per category of
 // every persistent buffer, charged by a trainer built in planning mode (nothing allocated).
@@ -92,29 +51,6 @@ void print_plan(const Config& config, Backend& backend, Mesh& mesh) {
   std::cout << "#   total: " << format_bytes(stats.total_current) << "\n";
 }
 
-// NCCL or staging is decided from every node's view: ranks that share a GPU anywhere make
-// every rank stage, since all ranks must build the same kind of communicator.
-DeviceCommChoice agree_device_comm(Comm& world, const std::string& setting) {
-  const int ranks_here = ranks_on_this_node(world);
-  const int gpus_here = cuda_devices_visible();
-  double worst_excess = double(ranks_here - gpus_here);
-  world.all_reduce_host(&worst_excess, 1, ReduceOp::max);
-  // The counts of a node with that excess, for the message.
-  double counts[2] = {0.0, 0.0};
-  if (double(ranks_here - gpus_here) == worst_excess) counts[0] = ranks_here, counts[1] = gpus_here;
-  world.all_reduce_host(counts, 2, ReduceOp::max);
-  DeviceCommChoice choice;
-  std::string error;
-  try {
-    choice =
-        choose_device_comm(setting, nccl_compiled(), world.size(), int(counts[0]), int(counts[1]));
-  } catch (const std::invalid_argument& problem) {
-    error = problem.what();
-  }
-  agree_on_failure(world, error, ExitCode::bad_input);
-  return choice;
-}
-
 // The metrics file is written by rank 0 after every step: found unwritable now, before the
 // model is built, rather than after the first step's compute.
 void check_metrics_file(Comm& world, const std::string& path) {
@@ -131,70 +67,30 @@ void check_metrics_file(Comm& world, const std::string& path) {
 }  // namespace
 
 void run_job(const JobOptions& options, Comm& world) {
-  auto watchdog = std::make_shared<Watchdog>(ParallelConfig().timeout_s, world.rank());
-  watchdog->set_reporter([](const std::string& message) {
-    spdlog::error("{}", message);
-    spdlog::default_logger()->flush();
-  });
-  world.set_watchdog(watchdog);
-
-  Config config;
-  std::string config_error;
-  try {
-    config = load_config(options.config_path, options.overrides);
-    validate_for_world(config, world.size());
-  } catch (const ConfigError& error) {
-    config_error = error.what();
-  }
-  agree_on_failure(world, config_error, ExitCode::bad_input);
-  check_same_job(world, job_identity(config, options.resume.value_or("")));
-  watchdog->set_timeout(config.parallel.timeout_s);
-
-  std::unique_ptr<Backend> backend;
-  std::string device_error;
-  try {
-    backend = make_backend(config.device, memory_limit_bytes(config), config.kernels.attention);
-  } catch (const DeviceUnavailableError& error) {
-    device_error = error.what();
-  }
-  agree_on_failure(world, device_error, ExitCode::bad_input);
+  JobSession job =
+      open_job(options.config_path, options.overrides, options.resume.value_or(""), world);
+  const Config& config = job.config;
   if (options.dry_run) {
     Mesh mesh = make_mesh(world, config.parallel.sp);
-    print_plan(config, *backend, mesh);
+    print_plan(config, *job.backend, mesh);
     return;
   }
-
-  // Before any split: communicators split from world share its progress thread.
-  const int cores = cores_per_rank(world);
-  const bool progress_thread = start_progress_thread(world, config.parallel.progress_thread, cores);
-
-  // MPI carries host buffers; device buffers travel over NCCL or are staged through the host.
-  Comm* compute_world = &world;
-  std::unique_ptr<Comm> device_world;
-  if (config.device == "cuda") {
-    const DeviceCommChoice choice = agree_device_comm(world, config.parallel.device_comm);
-    device_world = make_device_world(world, *backend, choice);
-    compute_world = device_world.get();
-    if (world.rank() == 0)
-      spdlog::info("device buffers between ranks: {} ({})", choice.nccl ? "NCCL" : "MPI staged",
-                   choice.reason);
-  }
-  Mesh mesh = make_mesh(*compute_world, config.parallel.sp);
-  set_threads(*backend, cores, progress_thread);
+  connect_job(job, world);
+  Mesh& mesh = job.mesh;
   if (world.rank() == 0)
     spdlog::info(
         "ulysses-train {}: {} model, world {} = dp {} x sp {}, ZeRO stage {}, device {}, {}",
         ulysses_version(), config.model.family, world.size(), mesh.dp_size, mesh.sp_size,
-        world.size() > 1 ? config.parallel.zero_stage : 0, backend->name(),
-        progress_thread ? "a progress thread per rank" : "no progress thread");
+        world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
+        job.progress_thread ? "a progress thread per rank" : "no progress thread");
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
   prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
   check_metrics_file(world, config.log.metrics_file);
-  Trainer trainer(config, *backend, mesh);
+  Trainer trainer(config, *job.backend, mesh);
   if (resume_folder.empty()) {
-    Watchdog::SlowWork slow(watchdog.get(), "loading model.init_from");
+    Watchdog::SlowWork slow(job.watchdog.get(), "loading model.init_from");
     trainer.load_initial_weights();
   } else {
     trainer.resume(resume_folder);

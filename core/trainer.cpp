@@ -142,19 +142,6 @@ std::string Trainer::save_checkpoint() {
   return folder;
 }
 
-MicroBatch Trainer::read_micro_batch(Dataset& dataset, int64_t first_sequence) const {
-  MicroBatch batch;
-  batch.batch = config_.train.batch_size;
-  batch.seq_local = seq_local_;
-  batch.pos_offset = int64_t(mesh_.sp_rank) * seq_local_;
-  batch.inputs.resize(size_t(batch.batch * seq_local_));
-  batch.targets.resize(batch.inputs.size());
-  for (int64_t b = 0; b < batch.batch; ++b)
-    dataset.read_slice(first_sequence + b, batch.pos_offset, seq_local_,
-                       batch.inputs.data() + b * seq_local_, batch.targets.data() + b * seq_local_);
-  return batch;
-}
-
 StepResult Trainer::train_step() {
   const TrainConfig& train = config_.train;
   const auto start = std::chrono::steady_clock::now();
@@ -173,7 +160,8 @@ StepResult Trainer::train_step() {
     for (int micro = 0; micro < train.grad_accum; ++micro) {
       int64_t first_sequence =
           ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * train.batch_size;
-      micro_batches.push_back(read_micro_batch(*train_data_, first_sequence));
+      micro_batches.push_back(read_micro_batch(*train_data_, first_sequence, train.batch_size,
+                                               seq_local_, mesh_.sp_rank));
       for (int32_t target : micro_batches.back().targets) counted += target >= 0 ? 1.0 : 0.0;
     }
   }
@@ -264,21 +252,8 @@ void Trainer::handle_nonfinite(const StepResult& result) {
 }
 
 EvalResult Trainer::evaluate() {
-  const TrainConfig& train = config_.train;
-  double totals[3] = {0.0, 0.0, 0.0};
-  for (int e = 0; e < train.eval_steps; ++e) {
-    int64_t first_sequence = (int64_t(e) * mesh_.dp_size + mesh_.dp_rank) * train.batch_size;
-    LossResult loss = model_->evaluate(read_micro_batch(*val_data_, first_sequence));
-    totals[0] += loss.loss_sum;
-    totals[1] += double(loss.count);
-    totals[2] += double(loss.correct);
-  }
-  mesh_.world->all_reduce_host(totals, 3, ReduceOp::sum);
-  EvalResult result;
-  result.tokens = int64_t(totals[1]);
-  result.loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
-  if (val_data_->has_answers() && totals[1] > 0) result.accuracy = totals[2] / totals[1];
-  return result;
+  return evaluate_model(*model_, *val_data_, mesh_, config_.train.batch_size, seq_local_,
+                        config_.train.eval_steps);
 }
 
 nlohmann::json Trainer::phases_max_json(const std::map<std::string, PhaseTotals>& phases) const {

@@ -10,6 +10,7 @@
 
 #include "core/checkpoint.h"
 #include "core/config.h"
+#include "core/evaluate.h"
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
@@ -30,12 +31,6 @@ struct StepResult {
   int64_t tokens = 0;  // tokens of the global batch
   double step_seconds = 0.0;
   bool skipped = false;  // non-finite, update dropped (train.on_nonfinite: skip)
-};
-
-struct EvalResult {
-  double loss = 0.0;
-  double accuracy = -1.0;
-  int64_t tokens = 0;
 };
 
 class Trainer {
@@ -64,7 +59,6 @@ class Trainer {
   void run();
 
  private:
-  MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence) const;
   // Every rank must read the same data: the sizes each rank found are compared.
   void check_same_data(const Dataset& dataset, const char* split) const;
   // What the watchdog names when a collective of this phase waits too long.

@@ -67,6 +67,15 @@ CommandResult run_command(const std::string& command_line) {
   return result;
 }
 
+nlohmann::json last_json_line(const std::string& output) {
+  std::istringstream lines(output);
+  std::string line, found;
+  while (std::getline(lines, line))
+    if (!line.empty() && line.front() == '{') found = line;
+  if (found.empty()) throw std::runtime_error("no JSON line in: " + output);
+  return nlohmann::json::parse(found);
+}
+
 std::string mpirun(int ranks) {
   return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 mpirun --bind-to none -np " +

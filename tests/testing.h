@@ -34,6 +34,10 @@ std::vector<nlohmann::json> read_metrics_lines(const std::string& path);
 // The "loss" of every training-step line of a metrics file, in order.
 std::vector<double> read_step_losses(const std::string& path);
 
+// The last line of a command's output that is a JSON object (what --json prints); throws
+// when there is none.
+nlohmann::json last_json_line(const std::string& output);
+
 // Runs a shell command line and captures its output and exit status.
 CommandResult run_command(const std::string& command_line);
 

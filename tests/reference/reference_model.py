@@ -11,6 +11,12 @@
         random weights, plus batch.json and expected_loss.json (the loss of this file's
         forward on the bf16-rounded weights).
 
+    /usr/bin/python3 tests/reference/reference_model.py --greedy HF_DIR --prompt-tokens 1,2,3 \
+            --new-tokens N
+        prints the greedy continuation of the prompt by a Hugging Face Llama checkpoint
+        (the argmax token, appended and fed back, N times) and the smallest gap between the
+        two largest logits on the way.
+
 Everything runs in float64 on the CPU with PyTorch 1.13; safetensors are read and written
 with the pure-python safetensors_io module next to this file. See README.md.
 """
@@ -447,6 +453,29 @@ def write_hf_checkpoint(args):
     print(f"loss {loss!r}")
 
 
+def greedy_continuation(args):
+    """(new tokens, smallest top-1 minus top-2 logit gap) of a Hugging Face checkpoint."""
+    cfg, tied, params = read_hf_checkpoint(args.greedy)
+    try:
+        tokens = [int(t) for t in args.prompt_tokens.split(",")]
+    except ValueError:
+        raise ReferenceError(f"--prompt-tokens {args.prompt_tokens!r}: not comma-separated ids")
+    if not tokens or min(tokens) < 0 or max(tokens) >= cfg["vocab_size"]:
+        raise ReferenceError(f"--prompt-tokens must be ids in [0, {cfg['vocab_size']})")
+    if len(tokens) + args.new_tokens > cfg["max_seq_len"]:
+        raise ReferenceError("the prompt and the new tokens exceed max_position_embeddings")
+    new_tokens, smallest_gap = [], math.inf
+    with torch.no_grad():
+        for _ in range(args.new_tokens):
+            logits = llama_logits(params, cfg, torch.tensor([tokens]), tied)[0, -1]
+            top2 = torch.topk(logits, 2).values
+            smallest_gap = min(smallest_gap, (top2[0] - top2[1]).item())
+            token = int(torch.argmax(logits))
+            new_tokens.append(token)
+            tokens.append(token)
+    return new_tokens, smallest_gap
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dir", nargs="?",
@@ -469,11 +498,19 @@ def main(argv):
                         help="split the weights over this many files with an index")
     parser.add_argument("--tied", action="store_true",
                         help="tie_word_embeddings=true: no lm_head tensor")
+    parser.add_argument("--greedy", metavar="HF_DIR",
+                        help="print the greedy continuation of --prompt-tokens by this checkpoint")
+    parser.add_argument("--prompt-tokens", default="", help="--greedy: e.g. 1,2,3")
+    parser.add_argument("--new-tokens", type=int, default=8, help="--greedy: tokens to generate")
     args = parser.parse_args(argv)
-    if (args.dir is None) == (args.hf_checkpoint is None):
-        parser.error("give either DIR or --hf-checkpoint OUT_DIR")
+    if [args.dir, args.hf_checkpoint, args.greedy].count(None) != 2:
+        parser.error("give one of DIR, --hf-checkpoint OUT_DIR or --greedy HF_DIR")
     try:
-        if args.hf_checkpoint:
+        if args.greedy:
+            new_tokens, smallest_gap = greedy_continuation(args)
+            print("tokens " + " ".join(str(t) for t in new_tokens))
+            print(f"smallest_gap {smallest_gap!r}")
+        elif args.hf_checkpoint:
             write_hf_checkpoint(args)
         else:
             run_reference(args.dir)

@@ -1,0 +1,63 @@
+#include "apps/sample_command.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "apps/weight_source_options.h"
+#include "apps/world_main.h"
+#include "core/job_errors.h"
+#include "core/sample_job.h"
+
+namespace ulysses {
+
+int run_sample_command(int argc, char** argv) {
+  SampleOptions options;
+  CLI::App app{
+      "ulysses-train sample: the continuation a checkpoint or pretrained model writes for a "
+      "prompt (decoded as text for byte-level models), or, for the synthetic task without a "
+      "prompt, its answer to each query of validation sequences next to the true value. Runs "
+      "on one rank and recomputes the whole forward for every new token (no KV cache). See "
+      "docs/evaluation.md.",
+      "ulysses-train sample"};
+  app.footer("Exit status: 0 sampled, 1 a runtime failure, 2 bad arguments, config or weights.");
+  app.add_option("--config,-c", options.config_path,
+                 "the model's YAML config (see docs/configuration.md)")
+      ->required();
+  app.add_option("--set", options.overrides, "override a config key (repeatable)");
+  add_weight_source_options(app, options.weights);
+  CLI::Option* prompt = app.add_option("--prompt", options.prompt,
+                                       "text to continue, one token per byte (data.source: text)");
+  app.add_option("--prompt-tokens", options.prompt_tokens, "token ids to continue, e.g. 1,2,3")
+      ->delimiter(',')
+      ->excludes(prompt);
+  app.add_option("--max-new-tokens", options.max_new_tokens, "tokens to generate (default 64)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--temperature", options.sampling.temperature,
+                 "softmax temperature; 0 is greedy (default 1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", options.sampling.top_k,
+                 "draw among the k most likely tokens only; 0 means all (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", options.sampling.seed, "seed of the draws (default 0)");
+  app.add_option("--sequences", options.sequences,
+                 "synthetic task without a prompt: validation sequences to answer (default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--json", options.json,
+               "print one JSON line on stdout: {weights, prompt_tokens, new_tokens, text} or, "
+               "for the synthetic queries, {weights, queries, accuracy}");
+  std::string color = "auto";
+  add_color_option(app, color);
+  try {
+    app.parse(argc - 1, argv + 1);  // argv[1] is "sample"
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : int(ExitCode::bad_input);
+  }
+  if (const std::string problem = weight_source_problem(options.weights); !problem.empty()) {
+    std::cerr << "ulysses-train sample: " << problem << "\n";
+    return int(ExitCode::bad_input);
+  }
+  return run_on_world(&argc, &argv, false, parse_log_color(color),
+                      [&](Comm& world) { run_sample(options, world); });
+}
+
+}  // namespace ulysses

@@ -1,0 +1,24 @@
+#include "apps/weight_source_options.h"
+
+namespace ulysses {
+
+void add_weight_source_options(CLI::App& app, WeightSource& source) {
+  CLI::Option* checkpoint =
+      app.add_option("--checkpoint", source.checkpoint,
+                     "a checkpoint step folder (step_XXXXXXXX), or a checkpoint dir "
+                     "(train.checkpoint.dir) whose newest intact checkpoint is used")
+          ->check(CLI::ExistingDirectory);
+  app.add_option("--init-from", source.init_from,
+                 "pretrained weights as model.init_from takes them: a Hugging Face Llama folder, "
+                 "an llm.c GPT-2 .bin file or a ulysses checkpoint (docs/checkpoints.md)")
+      ->check(CLI::ExistingPath)
+      ->excludes(checkpoint);
+}
+
+std::string weight_source_problem(const WeightSource& source) {
+  if (source.checkpoint.empty() && source.init_from.empty())
+    return "give the weights: --checkpoint DIR or --init-from PATH";
+  return "";
+}
+
+}  // namespace ulysses

@@ -1,0 +1,31 @@
+// Evaluation of a model on a split, sharded like training: each dp rank reads its own
+// sequences of every batch, each sp rank its slice of them (docs/evaluation.md). The
+// trainer's periodic evaluation (train.eval_every) and `ulysses-train eval` both run it.
+#pragma once
+
+#include <cstdint>
+
+#include "core/model.h"
+#include "data/dataset.h"
+#include "parallel/mesh.h"
+
+namespace ulysses {
+
+struct EvalResult {
+  double loss = 0.0;       // mean cross-entropy over the counted tokens
+  double accuracy = -1.0;  // answer accuracy when the data has answers, else -1
+  int64_t tokens = 0;      // counted tokens (targets >= 0) over every rank
+};
+
+// This rank's slice (sp_rank · seq_local onwards) of `batch` consecutive sequences from
+// first_sequence.
+MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence, int64_t batch,
+                            int64_t seq_local, int sp_rank);
+
+// Collective over mesh.world: `steps` batches of batch_size sequences per dp rank, the
+// sequences of batch e being (e · dp + dp_rank) · batch_size onwards, so every run over
+// the same mesh reads the same sequences.
+EvalResult evaluate_model(Model& model, Dataset& dataset, const Mesh& mesh, int64_t batch_size,
+                          int64_t seq_local, int steps);
+
+}  // namespace ulysses

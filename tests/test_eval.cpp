@@ -1,0 +1,96 @@
+// `ulysses-train eval` on one rank: a checkpoint evaluates to exactly what the trainer's
+// evaluation reported at that step, --json parses, and bad arguments exit 2 saying why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "tests/eval_testing.h"
+#include "tests/testing.h"
+
+namespace ulysses {
+namespace {
+
+using testing::run_command;
+using testing::TempDir;
+
+const std::string kTrain = ULYSSES_TRAIN_BIN;
+
+class EvalCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::write_text_file(dir_.file("c.yaml"), testing::eval_run_yaml(dir_));
+    const auto run = run_command(kTrain + " --config " + dir_.file("c.yaml"));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  testing::CommandResult eval(const std::string& arguments) {
+    return run_command(kTrain + " eval --config " + dir_.file("c.yaml") + " " + arguments);
+  }
+  TempDir dir_;
+};
+
+TEST_F(EvalCommand, ACheckpointEvaluatesToWhatTheTrainerLoggedAtThatStep) {
+  for (int step : {2, 4}) {
+    const nlohmann::json logged = testing::trainer_eval_at(dir_, step);
+    ASSERT_FALSE(logged.is_null()) << "no eval line at step " << step;
+    const std::string folder = dir_.file("ckpt/step_0000000" + std::to_string(step));
+    const auto result = eval("--checkpoint " + folder + " --json");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const nlohmann::json line = testing::last_json_line(result.output);
+    // The same weights, data and mesh: the same sums in the same order.
+    EXPECT_EQ(line["loss"].get<double>(), logged["eval_loss"].get<double>()) << step;
+    EXPECT_EQ(line["accuracy"].get<double>(), logged["eval_accuracy"].get<double>()) << step;
+    EXPECT_EQ(line["tokens"].get<int64_t>(), logged["eval_tokens"].get<int64_t>()) << step;
+    EXPECT_DOUBLE_EQ(line["perplexity"].get<double>(), std::exp(line["loss"].get<double>()));
+    EXPECT_EQ(line["weights"].get<std::string>(), folder);
+    EXPECT_EQ(line["split"].get<std::string>(), "held-out");
+    EXPECT_EQ(line["sequences"].get<int>(), 4);  // eval_steps 2 x batch_size 2
+  }
+  // The two steps' weights differ, so the comparison above tells them apart.
+  EXPECT_NE(testing::trainer_eval_at(dir_, 2)["eval_loss"],
+            testing::trainer_eval_at(dir_, 4)["eval_loss"]);
+}
+
+TEST_F(EvalCommand, ACheckpointDirMeansItsNewestAndInitFromReadsTheSameWeights) {
+  const auto from_dir = eval("--checkpoint " + dir_.file("ckpt") + " --json");
+  ASSERT_EQ(from_dir.exit_code, 0) << from_dir.output;
+  const nlohmann::json line = testing::last_json_line(from_dir.output);
+  EXPECT_EQ(line["weights"].get<std::string>(), dir_.file("ckpt/step_00000004"));
+  EXPECT_EQ(line["loss"].get<double>(),
+            testing::trainer_eval_at(dir_, 4)["eval_loss"].get<double>());
+  const auto init_from = eval("--init-from " + dir_.file("ckpt/step_00000004") + " --json");
+  ASSERT_EQ(init_from.exit_code, 0) << init_from.output;
+  EXPECT_EQ(testing::last_json_line(init_from.output)["loss"], line["loss"]);
+}
+
+TEST_F(EvalCommand, WithoutJsonPrintsLossPerplexityTokensAndAccuracy) {
+  const auto result = eval("--checkpoint " + dir_.file("ckpt"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (const char* text : {"eval loss ", "perplexity ", " tokens", "acc ", "held-out"})
+    EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
+}
+
+TEST_F(EvalCommand, BadArgumentsExitTwoSayingWhy) {
+  struct Case {
+    std::string arguments, message;
+  };
+  std::filesystem::create_directory(dir_.file("empty"));
+  const Case cases[] = {
+      {"", "give the weights: --checkpoint DIR or --init-from PATH"},
+      {"--checkpoint " + dir_.file("ckpt") + " --init-from " + dir_.file("ckpt"),
+       "--checkpoint excludes --init-from"},
+      {"--checkpoint " + dir_.file("missing"), "Directory does not exist"},
+      {"--init-from " + dir_.file("missing"), "Path does not exist"},
+      {"--checkpoint " + dir_.file("empty"), "no manifest.json and no step_* folders"},
+      {"--checkpoint " + dir_.file("ckpt") + " --set model.d_model=64", "d_model"},
+  };
+  for (const Case& c : cases) {
+    const auto result = eval(c.arguments);
+    EXPECT_EQ(result.exit_code, 2) << c.arguments << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.message), std::string::npos) << c.arguments << "\n"
+                                                                << result.output;
+  }
+}
+
+}  // namespace
+}  // namespace ulysses
