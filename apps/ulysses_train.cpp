@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "apps/export_command.h"
+#include "apps/plan_command.h"
 #include "core/job_errors.h"
 #include "core/run_job.h"
 #include "core/stop_signal.h"
@@ -14,6 +15,7 @@
 int main(int argc, char** argv) {
   using namespace ulysses;
   if (argc >= 2 && std::string(argv[1]) == "export") return run_export_command(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "plan") return run_plan_command(argc, argv);
   JobOptions options;
   std::string resume;
   CLI::App app{
@@ -29,7 +31,9 @@ int main(int argc, char** argv) {
       "  3  the loss or gradient became NaN or infinite (train.on_nonfinite)\n"
       "  4  a rank waited longer than parallel.timeout_s in a collective (watchdog)\n"
       "Also: ulysses-train export --checkpoint DIR --format hf-llama|llmc --out PATH   (see "
-      "ulysses-train export --help)\nDocs: docs/configuration.md, docs/checkpoints.md, "
+      "ulysses-train export --help)\n"
+      "      ulysses-train plan --config C --seq 32k,1m --sp 1,8 --device-gib 80   (memory plan "
+      "on any machine, device: cuda too; see ulysses-train plan --help)\nDocs: docs/configuration.md, docs/checkpoints.md, "
       "docs/failures.md, docs/parallelism.md");
   app.add_option("--config,-c", options.config_path, "YAML config file (see docs/configuration.md)")
       ->required();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kernels/backend.h"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
@@ -10,7 +11,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int64_t memory_limit_bytes = 0) : Backend(memory_limit_bytes) {}
 
   std::string name() const override { return "cpu"; }
-  DType compute_dtype() const override { return DType::f32; }
+  DType compute_dtype() const override { return compute_dtype_of(BackendKind::cpu); }
   void set_num_threads(int threads) override;
 
   void* raw_alloc(size_t bytes) override;
