@@ -26,8 +26,10 @@ int64_t parse_tokens(const std::string& text) {
     throw CLI::ValidationError("--seq", "'" + text + "' is not a token count (e.g. 32k, 1m)");
   }
   const std::string suffix = text.substr(used);
-  if (suffix == "k" || suffix == "K") value *= 1024;
-  else if (suffix == "m" || suffix == "M") value *= 1024 * 1024;
+  if (suffix == "k" || suffix == "K")
+    value *= 1024;
+  else if (suffix == "m" || suffix == "M")
+    value *= 1024 * 1024;
   else if (!suffix.empty())
     throw CLI::ValidationError("--seq", "'" + text + "': the suffix can be k (1024) or m (1024²)");
   if (value < 1) throw CLI::ValidationError("--seq", "'" + text + "' is not positive");
@@ -79,8 +81,9 @@ int run_plan_command(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--set", target.overrides, "override a config key, e.g. --set train.batch_size=1");
-  app.add_option("--seq", seqs, "sequence lengths, e.g. 32k,128k,1m (k = 1024, m = 1024²); "
-                                "default: train.seq_len")
+  app.add_option("--seq", seqs,
+                 "sequence lengths, e.g. 32k,128k,1m (k = 1024, m = 1024²); "
+                 "default: train.seq_len")
       ->delimiter(',');
   app.add_option("--sp", sps, "sequence-parallel degrees, e.g. 1,2,4,8; default: parallel.sp")
       ->delimiter(',');
@@ -127,7 +130,8 @@ int run_plan_command(int argc, char** argv) {
       return 0;
     }
     for (int sp : sp_values)
-      for (int64_t seq_len : seq_lens) print_plan_point(std::cout, plan_point(target, seq_len, sp), target);
+      for (int64_t seq_len : seq_lens)
+        print_plan_point(std::cout, plan_point(target, seq_len, sp), target);
   } catch (const CLI::ValidationError& error) {
     std::cerr << "plan: " << error.what() << "\n";
     return int(ExitCode::bad_input);

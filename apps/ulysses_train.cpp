@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
       "Also: ulysses-train export --checkpoint DIR --format hf-llama|llmc --out PATH   (see "
       "ulysses-train export --help)\n"
       "      ulysses-train plan --config C --seq 32k,1m --sp 1,8 --device-gib 80   (memory plan "
-      "on any machine, device: cuda too; see ulysses-train plan --help)\nDocs: docs/configuration.md, docs/checkpoints.md, "
+      "on any machine, device: cuda too; see ulysses-train plan --help)\nDocs: "
+      "docs/configuration.md, docs/checkpoints.md, "
       "docs/failures.md, docs/parallelism.md");
   app.add_option("--config,-c", options.config_path, "YAML config file (see docs/configuration.md)")
       ->required();

@@ -30,16 +30,16 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
     plan.largest_unit = std::max(plan.largest_unit, unit.numel());
   plan.shard_numel = state.layout().shard_numel();
   plan.all_to_all_bytes = after.all_to_all_bytes - before.all_to_all_bytes;
-  plan.grad_comm_bytes = after.reduce_bytes + after.gather_bytes - before.reduce_bytes -
-                         before.gather_bytes;
+  plan.grad_comm_bytes =
+      after.reduce_bytes + after.gather_bytes - before.reduce_bytes - before.gather_bytes;
   plan.host_checkpoints = stats.peak[int(MemCategory::checkpoints_host)];
   // Model::init_weights, Trainer::load_initial_weights and the checkpoint writer each hold
   // one fp32 value per parameter on the host (docs/memory.md, "Known limits").
   plan.host_weights_io = plan.num_params * int64_t(sizeof(float));
   if (config.device == "cuda")
     for (const Comm* comm : comms)
-      plan.host_staging = std::max(plan.host_staging,
-                                   static_cast<const PlanningComm*>(comm)->largest_call_bytes());
+      plan.host_staging =
+          std::max(plan.host_staging, static_cast<const PlanningComm*>(comm)->largest_call_bytes());
   plan.workspace_bound = backend.used_workspace_bound();
   return plan;
 }

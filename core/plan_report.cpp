@@ -43,9 +43,9 @@ void print_memory_plan(std::ostream& out, const MemoryPlan& plan) {
 }
 
 void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarget& target) {
-  out << "== seq_len " << point.seq_len << ", sp " << point.sp << " (world "
-      << target.world_size << " = dp " << target.world_size / point.sp << " x sp " << point.sp
-      << "), budget " << format_bytes(target.budget_bytes) << " per rank\n";
+  out << "== seq_len " << point.seq_len << ", sp " << point.sp << " (world " << target.world_size
+      << " = dp " << target.world_size / point.sp << " x sp " << point.sp << "), budget "
+      << format_bytes(target.budget_bytes) << " per rank\n";
   if (!point.loaded) {
     out << "  cannot plan: " << point.verdict << "\n";
     return;

@@ -22,10 +22,9 @@ std::vector<std::string> with(std::vector<std::string> overrides,
 Config config_at(const PlanTarget& target, int64_t seq_len, int sp,
                  const std::vector<std::string>& extra) {
   Config config = load_config(
-      target.config_path,
-      with(with(target.overrides, {"train.seq_len=" + std::to_string(seq_len),
-                                   "parallel.sp=" + std::to_string(sp)}),
-           extra));
+      target.config_path, with(with(target.overrides, {"train.seq_len=" + std::to_string(seq_len),
+                                                       "parallel.sp=" + std::to_string(sp)}),
+                               extra));
   validate_for_world(config, target.world_size);
   return config;
 }
@@ -38,10 +37,9 @@ bool fits(const MemoryPlan& plan, int64_t budget_bytes) {
 
 std::vector<OptionSet> option_ladder(const Config& config, int world_size) {
   std::vector<OptionSet> ladder;
-  std::vector<std::string> current = {"parallel.zero_stage=0",
-                                      "memory.activation_checkpointing=none",
-                                      "memory.tiled_mlp=false", "parallel.head_chunks=1",
-                                      "memory.offload_checkpoints=false"};
+  std::vector<std::string> current = {
+      "parallel.zero_stage=0", "memory.activation_checkpointing=none", "memory.tiled_mlp=false",
+      "parallel.head_chunks=1", "memory.offload_checkpoints=false"};
   std::string name = "none";
   auto add = [&](const std::string& step, const std::string& override_text) {
     current.push_back(override_text);
@@ -107,8 +105,7 @@ int64_t longest_fitting_seq(const PlanTarget& target, int sp, const OptionSet& o
   auto fits_at = [&](int64_t multiple) {
     try {
       const Config config = config_at(target, multiple * granule, sp, options.overrides);
-      return fits(plan_memory(config, target.world_size, target.cpu_threads),
-                  target.budget_bytes);
+      return fits(plan_memory(config, target.world_size, target.cpu_threads), target.budget_bytes);
     } catch (const ConfigError&) {
       return false;
     }
@@ -146,8 +143,8 @@ std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq
     const std::vector<int> valid = valid_head_chunks(heads, kv, sp);
     std::string choices;
     for (int u : valid) choices += (choices.empty() ? "" : ", ") + std::to_string(u);
-    lines.push_back("head_chunks " + std::to_string(chunks) + " (valid: " + choices + "): " +
-                    status(std::find(valid.begin(), valid.end(), chunks) != valid.end()));
+    lines.push_back("head_chunks " + std::to_string(chunks) + " (valid: " + choices +
+                    "): " + status(std::find(valid.begin(), valid.end(), chunks) != valid.end()));
   }
   return lines;
 }

@@ -73,10 +73,9 @@ void print_plan(const Config& config, int world_size) {
   std::cout << "# world " << world_size << " = dp " << world_size / config.parallel.sp << " x sp "
             << config.parallel.sp << "; each rank holds " << config.train.batch_size << " x "
             << config.train.seq_len / config.parallel.sp << " tokens per micro-step\n";
-  std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units
-            << " units (largest " << plan.largest_unit << " parameters, bucket_mb "
-            << config.parallel.bucket_mb << "); each rank owns " << plan.shard_numel
-            << " parameters of state\n";
+  std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units << " units (largest "
+            << plan.largest_unit << " parameters, bucket_mb " << config.parallel.bucket_mb
+            << "); each rank owns " << plan.shard_numel << " parameters of state\n";
   std::cout << "# planned tracked memory per rank on " << config.device
             << " (persistent buffers, then the peak of a step; docs/memory.md):\n";
   for (int i = 0; i < kNumMemCategories; ++i)

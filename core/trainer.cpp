@@ -200,8 +200,7 @@ StepResult Trainer::plan_step() {
   batch.inputs.assign(size_t(batch.batch * seq_local_), 0);
   batch.targets.assign(size_t(batch.batch * seq_local_), 0);
   const std::vector<MicroBatch> micro_batches(size_t(train.grad_accum), batch);
-  return compute_step(micro_batches,
-                      double(train.grad_accum) * double(batch.batch * seq_local_));
+  return compute_step(micro_batches, double(train.grad_accum) * double(batch.batch * seq_local_));
 }
 
 StepResult Trainer::compute_step(const std::vector<MicroBatch>& micro_batches, double counted) {

@@ -65,9 +65,8 @@ Buffer cudnn_workspace(Backend& backend, int64_t bytes, const char* what) {
   return backend.alloc(MemCategory::workspace, DType::i32, {(bytes + 3) / 4}, what);
 }
 
-LossScratch lm_head_loss_scratch(Backend& backend, BackendKind kind, int64_t counted,
-                                 int64_t tile, int64_t vocab, int64_t width, DType dtype,
-                                 bool with_grad) {
+LossScratch lm_head_loss_scratch(Backend& backend, BackendKind kind, int64_t counted, int64_t tile,
+                                 int64_t vocab, int64_t width, DType dtype, bool with_grad) {
   LossScratch s;
   const bool cuda = kind == BackendKind::cuda;
   if (cuda) {
@@ -78,11 +77,14 @@ LossScratch lm_head_loss_scratch(Backend& backend, BackendKind kind, int64_t cou
     s.row_correct = backend.alloc(MemCategory::workspace, DType::i32, {counted},
                                   "lm_head_loss row argmax hits");
   }
-  s.logits = backend.alloc(MemCategory::workspace, DType::f32, {tile, vocab}, "lm_head_loss logits");
-  s.hidden_tile = backend.alloc(MemCategory::workspace, dtype, {tile, width}, "lm_head_loss hidden");
+  s.logits =
+      backend.alloc(MemCategory::workspace, DType::f32, {tile, vocab}, "lm_head_loss logits");
+  s.hidden_tile =
+      backend.alloc(MemCategory::workspace, dtype, {tile, width}, "lm_head_loss hidden");
   if (with_grad) {
     if (cuda)
-      s.dlogits = backend.alloc(MemCategory::workspace, dtype, {tile, vocab}, "lm_head_loss dlogits");
+      s.dlogits =
+          backend.alloc(MemCategory::workspace, dtype, {tile, vocab}, "lm_head_loss dlogits");
     s.dhidden_tile =
         backend.alloc(MemCategory::workspace, dtype, {tile, width}, "lm_head_loss dhidden");
   }

@@ -56,8 +56,7 @@ struct LossScratch {
   Buffer rows_and_targets, row_loss, row_correct;  // cuda only
   Buffer logits, hidden_tile, dlogits, dhidden_tile;
 };
-LossScratch lm_head_loss_scratch(Backend& backend, BackendKind kind, int64_t counted,
-                                 int64_t tile, int64_t vocab, int64_t width, DType dtype,
-                                 bool with_grad);
+LossScratch lm_head_loss_scratch(Backend& backend, BackendKind kind, int64_t counted, int64_t tile,
+                                 int64_t vocab, int64_t width, DType dtype, bool with_grad);
 
 }  // namespace ulysses

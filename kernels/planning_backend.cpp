@@ -8,8 +8,9 @@ namespace ulysses {
 PlanningBackend::PlanningBackend(BackendKind kind, const std::string& attention, int cpu_threads)
     : Backend(0), kind_(kind), attention_(attention), threads_(std::max(1, cpu_threads)) {
   if (attention != "native" && !(attention == "cudnn" && kind == BackendKind::cuda))
-    throw std::invalid_argument("kernels.attention: " + attention +
-                                (attention == "cudnn" ? " needs device: cuda" : " (native, cudnn)"));
+    throw std::invalid_argument(
+        "kernels.attention: " + attention +
+        (attention == "cudnn" ? " needs device: cuda" : " (native, cudnn)"));
   memory().set_planning(true);
   if (kind_ == BackendKind::cuda) cublaslt_workspace_ = cublaslt_workspace(*this);
 }
@@ -44,9 +45,9 @@ void PlanningBackend::attention_forward(const Tensor&, const Tensor&, const Tens
   }
 }
 
-void PlanningBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor&, const Tensor& q, const Tensor&,
-                                         const Tensor&, const Tensor&, const Tensor&) {
+void PlanningBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                         const Tensor& q, const Tensor&, const Tensor&,
+                                         const Tensor&, const Tensor&) {
   if (q.numel() == 0) return;
   const Buffer row_dot = attention_row_dot(*this, q.dim(0), q.dim(2), q.dim(1));
   if (kind_ == BackendKind::cpu) {
@@ -59,9 +60,9 @@ void PlanningBackend::attention_backward(const Tensor&, const Tensor&, const Ten
   }
 }
 
-LossResult PlanningBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
-                                         const Tensor&, int64_t tile_rows, float,
-                                         const Tensor& dhidden, const Tensor&) {
+LossResult PlanningBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor&,
+                                         int64_t tile_rows, float, const Tensor& dhidden,
+                                         const Tensor&) {
   const int64_t vocab = weight.dim(0), width = weight.dim(1);
   LossResult result;
   result.count = hidden.numel() / width;

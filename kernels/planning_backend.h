@@ -44,8 +44,8 @@ class PlanningBackend final : public Backend {
                          int64_t) override {}
   void embedding_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           int64_t) override {}
-  void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       float) override {}
+  void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override {
+  }
   void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                         const Tensor&) override {}
   void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

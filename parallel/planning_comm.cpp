@@ -69,8 +69,7 @@ void PlanningComm::reduce_scatter(const Tensor& send, const Tensor& recv, Reduce
   count_call(int64_t(send.bytes() + recv.bytes()));
 }
 
-CommHandle PlanningComm::reduce_scatter_async(const Tensor& send, const Tensor& recv,
-                                              ReduceOp op) {
+CommHandle PlanningComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
   reduce_scatter(send, recv, op);
   return std::make_unique<CompletedRequest>();
 }

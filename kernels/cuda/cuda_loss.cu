@@ -141,8 +141,8 @@ LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
   const int64_t count = result.count;
   const int64_t tile = std::min(tile_rows, count);
   const DType dtype = hidden.dtype;
-  LossScratch scratch = lm_head_loss_scratch(*this, BackendKind::cuda, count, tile, vocab, width,
-                                             dtype, with_grad);
+  LossScratch scratch =
+      lm_head_loss_scratch(*this, BackendKind::cuda, count, tile, vocab, width, dtype, with_grad);
   Buffer& device_plan = scratch.rows_and_targets;
   upload(device_plan, plan.data());
   const int32_t* source_rows = device_plan.i32();

@@ -45,13 +45,12 @@ Config grid_config(const GridPoint& p) {
   return parse_config(
       "model: {family: " + p.family + ", n_layers: 2, d_model: 64, n_heads: 8" + kv + "}\n" +
           "train: {steps: 2, batch_size: 1, seq_len: 128, grad_accum: 2, seed: 5}\n" +
-          "data: {source: text, path: " + ULYSSES_SOURCE_DIR + "/docs}\n" +
-          "parallel: {sp: " + std::to_string(p.sp) +
-          ", zero_stage: " + std::to_string(p.zero_stage) +
+          "data: {source: text, path: " + ULYSSES_SOURCE_DIR + "/docs}\n" + "parallel: {sp: " +
+          std::to_string(p.sp) + ", zero_stage: " + std::to_string(p.zero_stage) +
           ", head_chunks: " + std::to_string(p.head_chunks) + "}\n" +
           "memory: {activation_checkpointing: " + (p.checkpointing ? "layer" : "none") +
-          ", tiled_mlp: " + p.tiled_mlp + ", offload_checkpoints: " +
-          (p.offload ? "true" : "false") + ", loss_tile_tokens: 16}\n",
+          ", tiled_mlp: " + p.tiled_mlp +
+          ", offload_checkpoints: " + (p.offload ? "true" : "false") + ", loss_tile_tokens: 16}\n",
       {}, "plan_test.yaml");
 }
 
