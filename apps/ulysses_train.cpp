@@ -5,6 +5,7 @@
 
 #include "apps/eval_command.h"
 #include "apps/export_command.h"
+#include "apps/plan_command.h"
 #include "apps/sample_command.h"
 #include "apps/world_main.h"
 #include "core/job_errors.h"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "export") return run_export_command(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "eval") return run_eval_command(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "sample") return run_sample_command(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "plan") return run_plan_command(argc, argv);
   JobOptions options;
   std::string resume;
   std::string color = "auto";
@@ -36,8 +38,10 @@ int main(int argc, char** argv) {
       "  ulysses-train eval --config C --checkpoint DIR | --init-from PATH [--json]\n"
       "  ulysses-train sample --config C --checkpoint DIR | --init-from PATH [--prompt TEXT | "
       "--prompt-tokens 1,2,3] [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
-      "Docs: docs/configuration.md, docs/checkpoints.md, docs/evaluation.md, docs/failures.md, "
-      "docs/parallelism.md");
+      "  ulysses-train plan --config C --seq 32k,1m --sp 1,8 --device-gib 80   (memory plan on "
+      "any machine, device: cuda too)\n"
+      "Docs: docs/configuration.md, docs/checkpoints.md, docs/evaluation.md, docs/memory.md, "
+      "docs/failures.md, docs/parallelism.md");
   app.add_option("--config,-c", options.config_path, "YAML config file (see docs/configuration.md)")
       ->required();
   app.add_option("--set", options.overrides,

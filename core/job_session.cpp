@@ -75,7 +75,7 @@ int64_t memory_limit_bytes(const Config& config) {
 }
 
 JobSession open_job(const std::string& config_path, const std::vector<std::string>& overrides,
-                    const std::string& command, Comm& world) {
+                    const std::string& command, Comm& world, bool with_backend) {
   JobSession job;
   job.watchdog = std::make_shared<Watchdog>(ParallelConfig().timeout_s, world.rank());
   job.watchdog->set_reporter([](const std::string& message) {
@@ -94,6 +94,7 @@ JobSession open_job(const std::string& config_path, const std::vector<std::strin
   agree_on_failure(world, config_error, ExitCode::bad_input);
   check_same_job(world, job_identity(job.config, command));
   job.watchdog->set_timeout(job.config.parallel.timeout_s);
+  if (!with_backend) return job;
 
   std::string device_error;
   try {

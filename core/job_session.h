@@ -27,9 +27,10 @@ struct JobSession {
 
 // Collective: installs the watchdog on world, loads the config (with --set overrides) and
 // validates it for world, checks that every rank runs the same job (the resolved config
-// and `command`, which names what the job does with it), and makes the backend.
+// and `command`, which names what the job does with it), and makes the backend unless
+// with_backend is false (--dry-run plans without one).
 JobSession open_job(const std::string& config_path, const std::vector<std::string>& overrides,
-                    const std::string& command, Comm& world);
+                    const std::string& command, Comm& world, bool with_backend = true);
 
 // Collective: the progress thread, the device communicator (cuda), the mesh and each rank's
 // threads.

@@ -12,8 +12,8 @@
 #include "core/config.h"
 #include "core/job_agreement.h"
 #include "core/job_session.h"
+#include "core/memory_plan.h"
 #include "core/metrics.h"
-#include "core/params.h"
 #include "core/trainer.h"
 #include "parallel/mesh.h"
 #include "parallel/watchdog.h"
@@ -21,34 +21,33 @@
 namespace ulysses {
 namespace {
 
-// Prints the resolved config, the parameter count and the tracked bytes per category of
-// every persistent buffer, charged by a trainer built in planning mode (nothing allocated).
-void print_plan(const Config& config, Backend& backend, Mesh& mesh) {
-  backend.memory().set_limit(0);
-  backend.memory().set_planning(true);
-  Trainer planned(config, backend, mesh);
-  ParamTable table(config.model);
-  if (mesh.world->rank() != 0) return;
+// Prints the resolved config, the parameter count and the planner's bytes per category:
+// the persistent buffers and a step's peak, charged by the trainer on the planning backend
+// (core/memory_plan.h), so it needs no device, not even for device: cuda.
+void print_plan(const Config& config, int world_size) {
+  const MemoryPlan plan = plan_memory(config, world_size, 1);
   std::cout << "# resolved config\n" << config_to_yaml(config) << "\n";
-  std::cout << "# model: " << config.model.family << ", " << table.total_numel() << " parameters ("
-            << format_bytes(table.total_numel() * 4) << " in fp32)\n";
-  std::cout << "# world " << mesh.world->size() << " = dp " << mesh.dp_size << " x sp "
-            << mesh.sp_size << "; each rank holds " << config.train.batch_size << " x "
-            << config.train.seq_len / mesh.sp_size << " tokens per micro-step\n";
-  const ZeroState& state = planned.model().state();
-  const ShardLayout& layout = state.layout();
-  int64_t largest_unit = 0;
-  for (const ShardUnit& unit : layout.units()) largest_unit = std::max(largest_unit, unit.numel());
-  std::cout << "# ZeRO stage " << state.stage() << ": " << layout.units().size()
-            << " units (largest " << largest_unit << " parameters, bucket_mb "
-            << config.parallel.bucket_mb << "); each rank owns " << layout.shard_numel()
-            << " parameters of state\n";
-  std::cout << "# planned tracked memory per rank (persistent buffers; kernels add scratch):\n";
-  const MemoryStats& stats = backend.memory().stats();
+  std::cout << "# model: " << config.model.family << ", " << plan.num_params << " parameters ("
+            << format_bytes(plan.num_params * 4) << " in fp32)\n";
+  std::cout << "# world " << world_size << " = dp " << world_size / config.parallel.sp << " x sp "
+            << config.parallel.sp << "; each rank holds " << config.train.batch_size << " x "
+            << config.train.seq_len / config.parallel.sp << " tokens per micro-step\n";
+  std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units << " units (largest "
+            << plan.largest_unit << " parameters, bucket_mb " << config.parallel.bucket_mb
+            << "); each rank owns " << plan.shard_numel << " parameters of state\n";
+  std::cout << "# planned tracked memory per rank on " << config.device
+            << " (persistent buffers, then the peak of a step; docs/memory.md):\n";
   for (int i = 0; i < kNumMemCategories; ++i)
     std::cout << "#   " << mem_category_name(MemCategory(i)) << ": "
-              << format_bytes(stats.current[i]) << "\n";
-  std::cout << "#   total: " << format_bytes(stats.total_current) << "\n";
+              << format_bytes(plan.persistent[i]) << ", step peak " << format_bytes(plan.peak[i])
+              << "\n";
+  int64_t persistent_total = 0;
+  for (int i = 0; i < kNumMemCategories; ++i)
+    if (is_device_memory(MemCategory(i))) persistent_total += plan.persistent[i];
+  std::cout << "#   total: " << format_bytes(persistent_total) << ", step peak "
+            << format_bytes(plan.device_peak) << "\n";
+  std::cout << "# sent per step per rank: all-to-all " << format_bytes(plan.all_to_all_bytes)
+            << "; more in ulysses-train plan --help\n";
 }
 
 // The metrics file is written by rank 0 after every step: found unwritable now, before the
@@ -67,12 +66,12 @@ void check_metrics_file(Comm& world, const std::string& path) {
 }  // namespace
 
 void run_job(const JobOptions& options, Comm& world) {
-  JobSession job =
-      open_job(options.config_path, options.overrides, options.resume.value_or(""), world);
+  // --dry-run plans without a backend, so device: cuda is planned on any machine.
+  JobSession job = open_job(options.config_path, options.overrides, options.resume.value_or(""),
+                            world, !options.dry_run);
   const Config& config = job.config;
   if (options.dry_run) {
-    Mesh mesh = make_mesh(world, config.parallel.sp);
-    print_plan(config, *job.backend, mesh);
+    if (world.rank() == 0) print_plan(config, world.size());
     return;
   }
   connect_job(job, world);

@@ -172,7 +172,29 @@ StepResult Trainer::train_step() {
   if (counted == 0.0)
     throw std::runtime_error("the batch of step " + std::to_string(step_ + 1) +
                              " has no token with a target");
+  StepResult result = compute_step(micro_batches, counted);
+  result.step_seconds = seconds_since(start);
+  return result;
+}
 
+StepResult Trainer::plan_step() {
+  if (!backend_.memory().planning())
+    throw std::logic_error("Trainer::plan_step outside planning mode");
+  const TrainConfig& train = config_.train;
+  MicroBatch batch;
+  batch.batch = train.batch_size;
+  batch.seq_local = seq_local_;
+  batch.pos_offset = int64_t(mesh_.sp_rank) * seq_local_;
+  batch.inputs.assign(size_t(batch.batch * seq_local_), 0);
+  batch.targets.assign(size_t(batch.batch * seq_local_), 0);
+  const std::vector<MicroBatch> micro_batches(size_t(train.grad_accum), batch);
+  return compute_step(micro_batches, double(train.grad_accum) * double(batch.batch * seq_local_));
+}
+
+StepResult Trainer::compute_step(const std::vector<MicroBatch>& micro_batches, double counted) {
+  const TrainConfig& train = config_.train;
+  Comm& world = *mesh_.world;
+  Profiler& profiler = backend_.profiler();
   set_phase("forward and backward");
   model_->zero_grads();
   double totals[3] = {0.0, 0.0, 0.0};  // loss sum, counted tokens, correct answers
@@ -192,7 +214,7 @@ StepResult Trainer::train_step() {
   result.step = step_ + 1;
   result.lr = learning_rate(train, step_);
   result.loss = totals[0] / totals[1];
-  if (train_data_->has_answers()) result.accuracy = totals[2] / totals[1];
+  if (train_data_ && train_data_->has_answers()) result.accuracy = totals[2] / totals[1];
   result.tokens = int64_t(train.grad_accum) * train.batch_size * mesh_.dp_size * train.seq_len;
   // ZeRO (parallel/zero_state.h): the reduced gradient and the master weights are whole or
   // this rank's shard; either way the norm is over the whole gradient, so clipping is exact.
@@ -216,7 +238,6 @@ StepResult Trainer::train_step() {
   backend_.synchronize();
   ++step_;
   last_loss_ = result.skipped ? std::nullopt : std::optional<double>(result.loss);
-  result.step_seconds = seconds_since(start);
   return result;
 }
 

@@ -44,6 +44,10 @@ class Trainer {
   // loss or gradient norm throws JobError(nonfinite) on every rank, or, with
   // train.on_nonfinite: skip, drops the update (up to train.max_skipped_steps in a row).
   StepResult train_step();
+  // Planning mode only (kernels/planning_backend.h): the same step on micro-batches with a
+  // target at every token, so that the planner charges what a real step allocates
+  // (docs/memory.md, "The planner").
+  StepResult plan_step();
   // eval_steps batches of the validation split.
   EvalResult evaluate();
   // Continues from a checkpoint folder (weights, optimizer state, step); warns when this
@@ -59,6 +63,9 @@ class Trainer {
   void run();
 
  private:
+  // Everything of a step after its data are read: forward and backward of every micro-batch,
+  // gradient reduction, clipping, AdamW and publishing the weights.
+  StepResult compute_step(const std::vector<MicroBatch>& micro_batches, double counted);
   // Every rank must read the same data: the sizes each rank found are compared.
   void check_same_data(const Dataset& dataset, const char* split) const;
   // What the watchdog names when a collective of this phase waits too long.

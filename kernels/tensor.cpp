@@ -7,6 +7,16 @@
 
 namespace ulysses {
 
+namespace {
+
+// Where a planned buffer "lives": never dereferenced (the planning backend runs no op), but
+// not null, so that it and the views cut from it are not empty() and code that tells a
+// buffer from an absent one (an optional bias, a shared scratch) takes the path it takes in
+// a real run (docs/memory.md, "The planner").
+void* const kPlannedAddress = reinterpret_cast<void*>(uintptr_t(1) << 44);
+
+}  // namespace
+
 size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::f32:
@@ -107,6 +117,7 @@ Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
   backend_->memory().charge(category_, int64_t(bytes), what);
   if (backend_->memory().planning()) {
     planned_only_ = true;
+    view_.data = kPlannedAddress;
     return;
   }
   try {
@@ -122,8 +133,8 @@ Buffer::~Buffer() {
 }
 
 void Buffer::reset() {
-  if (backend_ && (view_.data || planned_only_)) {
-    if (view_.data) backend_->raw_free(view_.data);
+  if (backend_ && view_.data) {
+    if (!planned_only_) backend_->raw_free(view_.data);
     backend_->memory().release(category_, int64_t(view_.bytes()));
   }
   view_ = Tensor();

@@ -100,10 +100,36 @@ TEST(Cli, MemoryLimitFailsWithTheHeldBytesByCategory) {
     EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
 }
 
-TEST(Cli, CudaWithoutAUsableGpuExitsTwoSayingSo) {
+// The plan needs no device: a cuda plan charges bf16 compute copies and cuBLASLt's workspace.
+TEST(Cli, DryRunPlansCudaWithoutAGpu) {
   TempDir dir;
   testing::write_text_file(dir.file("c.yaml"), tiny_yaml("device: cuda\n"));
   auto result = run_command(kTrain + " --config " + dir.file("c.yaml") + " --dry-run");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* text : {"on cuda", "params:", "step peak", "workspace: 32."})
+    EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
+}
+
+TEST(Cli, PlanRunsWithoutMpiAndExplainsItself) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml());
+  auto help = run_command(kTrain + " plan --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  for (const char* option : {"--seq", "--sp", "--world", "--device-gib", "--longest"})
+    EXPECT_NE(help.output.find(option), std::string::npos) << option;
+  auto result = run_command(kTrain + " plan --config " + dir.file("c.yaml") +
+                            " --seq 64,66 --sp 1,2 --device-gib 1");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* text : {"FITS", "all-to-all", "host per rank", "seq_len 66 % sp 2: ok"})
+    EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
+  auto bad = run_command(kTrain + " plan --config " + dir.file("c.yaml") + " --seq 12q");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+}
+
+TEST(Cli, CudaWithoutAUsableGpuExitsTwoSayingSo) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml("device: cuda\n"));
+  auto result = run_command(kTrain + " --config " + dir.file("c.yaml"));
   bool no_device = result.output.find("no CUDA device") != std::string::npos;
   bool no_backend = result.output.find("no CUDA backend") != std::string::npos;
   if (!no_device && !no_backend && result.exit_code == 0)

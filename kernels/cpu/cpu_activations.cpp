@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
@@ -142,8 +143,7 @@ void CpuBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inv
 
   // cos/sin of pos·theta^(-2i/d) for the T positions of this call; the angle is formed in
   // double because positions reach millions.
-  Buffer table =
-      alloc(MemCategory::workspace, DType::f32, {2, seq_len, half}, "rope cos/sin table");
+  Buffer table = rope_table(*this, seq_len, half);
   float* cos_table = table.f32();
   float* sin_table = cos_table + seq_len * half;
   const double sign = inverse ? -1.0 : 1.0;

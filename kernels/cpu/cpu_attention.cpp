@@ -12,15 +12,15 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
 namespace {
 
-constexpr int64_t kTile = 64;
-// Head dims are padded to a multiple of this inside the scratch tiles so that the inner
-// loops have whole vectors.
-constexpr int64_t kDimPad = 16;
+// Head dims are padded inside the scratch tiles so that the inner loops have whole vectors;
+// tiles and padding are kernels/op_scratch.h's, which sizes the scratch for the planner too.
+constexpr int64_t kTile = kCpuAttentionTile;
 
 struct AttentionShape {
   int64_t batch, seq_len, q_heads, kv_heads, dim, padded_dim, tiles;
@@ -52,7 +52,7 @@ AttentionShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v
   }
   cpu::require_numel(out, q.numel(), op, "out");
   cpu::require_numel(lse, s.batch * s.q_heads * s.seq_len, op, "lse");
-  s.padded_dim = (s.dim + kDimPad - 1) / kDimPad * kDimPad;
+  s.padded_dim = cpu_attention_padded_dim(s.dim);
   s.tiles = (s.seq_len + kTile - 1) / kTile;
   s.scale = float(1.0 / std::sqrt(double(s.dim)));
   return s;
@@ -213,11 +213,8 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
   const int64_t pdim = s.padded_dim;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;
-  // Per thread: q, kᵀ, v and output tiles, the score tile, running max and sum.
-  const int64_t per_thread = 4 * kTile * pdim + kTile * kTile + 2 * kTile;
-  const int threads = omp_get_max_threads();
-  Buffer scratch =
-      alloc(MemCategory::attention, DType::f32, {threads, per_thread}, "attention_forward scratch");
+  Buffer scratch = cpu_attention_forward_scratch(*this, omp_get_max_threads(), s.dim);
+  const int64_t per_thread = scratch.tensor().dim(1);
 
   const float* q_data = q.f32();
   const float* k_data = k.f32();
@@ -303,8 +300,7 @@ void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Te
   float* dv_data = dv.f32();
 
   // D[b, h, t] = Σ_c dO·O, the row term of the softmax gradient.
-  Buffer row_dot = alloc(MemCategory::attention, DType::f32, {s.batch, s.q_heads, s.seq_len},
-                         "attention_backward dO·O");
+  Buffer row_dot = attention_row_dot(*this, s.batch, s.q_heads, s.seq_len);
   float* d_data = row_dot.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < s.batch * s.seq_len; ++bt) {
@@ -318,12 +314,8 @@ void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Te
     }
   }
 
-  // Per thread, the larger of the two passes: eight [kTile][pdim] tiles, two score tiles and
-  // the lse and D values of one query tile.
-  const int64_t per_thread = 8 * kTile * pdim + 2 * kTile * kTile + 2 * kTile;
-  const int threads = omp_get_max_threads();
-  Buffer scratch = alloc(MemCategory::attention, DType::f32, {threads, per_thread},
-                         "attention_backward scratch");
+  Buffer scratch = cpu_attention_backward_scratch(*this, omp_get_max_threads(), s.dim);
+  const int64_t per_thread = scratch.tensor().dim(1);
 
   // Pass 1, per (b, q head, query tile): dQ = scale · Σ_j dS K with dS = P ∘ (dP − D),
   // P = exp(S − lse), dP = dO Vᵀ. The q tile is pre-scaled, so S needs no further scaling.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kernels/backend.h"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
@@ -10,7 +11,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int64_t memory_limit_bytes = 0) : Backend(memory_limit_bytes) {}
 
   std::string name() const override { return "cpu"; }
-  DType compute_dtype() const override { return DType::f32; }
+  DType compute_dtype() const override { return compute_dtype_of(BackendKind::cpu); }
   void set_num_threads(int threads) override;
 
   void* raw_alloc(size_t bytes) override;
@@ -21,8 +22,8 @@ class CpuBackend final : public Backend {
   void copy(const Tensor& dst, const Tensor& src) override;
   void cast(const Tensor& dst, const Tensor& src) override;
   void fill_zero(const Tensor& dst) override;
-  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-               int64_t row_bytes, int64_t rows) override;
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows) override;
   void synchronize() override {}
 
   void axpy(const Tensor& y, const Tensor& x, float alpha) override;
@@ -39,13 +40,12 @@ class CpuBackend final : public Backend {
   void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                           const Tensor& tokens, int64_t pos_offset) override;
 
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                       const Tensor& weight, float eps) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       float eps) override;
   void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                         const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& x, const Tensor& weight, const Tensor& bias,
-                         float eps) override;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& weight, const Tensor& bias, float eps) override;
   void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                           const Tensor& dout, const Tensor& x, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) override;
@@ -59,9 +59,9 @@ class CpuBackend final : public Backend {
 
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                          const Tensor& v) override;
-  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse) override;
 
   LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                           int64_t tile_rows, float grad_scale, const Tensor& dhidden,

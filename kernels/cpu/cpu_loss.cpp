@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
@@ -48,12 +49,11 @@ LossResult CpuBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
   if (counted.empty()) return result;
 
   const int64_t tile = std::min(tile_rows, result.count);
-  Buffer logits = alloc(MemCategory::workspace, DType::f32, {tile, vocab}, "lm_head_loss logits");
-  Buffer hidden_tile =
-      alloc(MemCategory::workspace, DType::f32, {tile, width}, "lm_head_loss hidden");
-  Buffer dhidden_tile;
-  if (with_grad)
-    dhidden_tile = alloc(MemCategory::workspace, DType::f32, {tile, width}, "lm_head_loss dhidden");
+  LossScratch scratch = lm_head_loss_scratch(*this, BackendKind::cpu, result.count, tile, vocab,
+                                             width, DType::f32, with_grad);
+  Buffer& logits = scratch.logits;
+  Buffer& hidden_tile = scratch.hidden_tile;
+  Buffer& dhidden_tile = scratch.dhidden_tile;
   std::vector<double> row_loss(static_cast<size_t>(tile));
   std::vector<char> row_correct(static_cast<size_t>(tile));
 

@@ -226,8 +226,7 @@ void CudaBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool in
   if (pos_offset < 0) throw std::invalid_argument("rope: negative pos_offset");
   const int64_t half = dim / 2;
   if (x.numel() == 0) return;
-  Buffer table =
-      alloc(MemCategory::workspace, DType::f32, {2, seq_len, half}, "rope cos/sin table");
+  Buffer table = rope_table(*this, seq_len, half);
   float* cos_table = table.f32();
   float* sin_table = cos_table + seq_len * half;
   rope_table_kernel<<<cuda::blocks_for(seq_len * half), kThreads, 0, stream_>>>(

@@ -107,8 +107,7 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
 #endif
   const int64_t batch = q.shape[0];
 
-  Buffer row_dot = alloc(MemCategory::attention, DType::f32, {batch, dims.q_heads, dims.seq_len},
-                         "attention_backward dO·O");
+  Buffer row_dot = attention_row_dot(*this, batch, dims.q_heads, dims.seq_len);
   const int64_t rows = batch * dims.seq_len * dims.q_heads;
   attention_row_dot_kernel<<<cuda::blocks_for(rows * 32), cuda::kThreads, 0, stream_>>>(
       row_dot.f32(), static_cast<const bf16*>(dout.data), static_cast<const bf16*>(out.data), dims,

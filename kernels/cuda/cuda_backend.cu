@@ -46,7 +46,6 @@ int node_local_rank() {
 // Device memory that cuBLASLt, NCCL and the CUDA context take outside the tracker: an
 // automatic limit leaves it free so that a run near the limit fails with our error.
 constexpr int64_t kUntrackedReserveBytes = int64_t(512) << 20;
-constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;
 
 CudaBackend& as_cuda(Backend& backend, const char* what) {
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
@@ -123,8 +122,7 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind a
     throw std::runtime_error(std::string("cuda: cublasLtCreate failed: ") +
                              cublasLtGetStatusString(lt_status));
   }
-  gemm_workspace_ =
-      alloc(MemCategory::workspace, DType::i32, {kGemmWorkspaceBytes / 4}, "cuBLASLt workspace");
+  gemm_workspace_ = cublaslt_workspace(*this);
   timeline_ = std::make_unique<CudaTimeline>(stream_);
   profiler().set_device_timeline(timeline_.get());
 #ifdef ULYSSES_WITH_CUDNN

@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
@@ -25,7 +26,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
-  DType compute_dtype() const override { return DType::bf16; }
+  DType compute_dtype() const override { return compute_dtype_of(BackendKind::cuda); }
   void set_num_threads(int threads) override;
   cudaStream_t stream() const { return stream_; }
   CudaTimeline& timeline() { return *timeline_; }

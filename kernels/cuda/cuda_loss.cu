@@ -141,20 +141,18 @@ LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
   const int64_t count = result.count;
   const int64_t tile = std::min(tile_rows, count);
   const DType dtype = hidden.dtype;
-  Buffer device_plan = alloc(MemCategory::workspace, DType::i32, {2 * count}, "lm_head_loss rows");
+  LossScratch scratch =
+      lm_head_loss_scratch(*this, BackendKind::cuda, count, tile, vocab, width, dtype, with_grad);
+  Buffer& device_plan = scratch.rows_and_targets;
   upload(device_plan, plan.data());
   const int32_t* source_rows = device_plan.i32();
   const int32_t* tile_targets = source_rows + count;
-  Buffer row_loss = alloc(MemCategory::workspace, DType::f32, {count}, "lm_head_loss row losses");
-  Buffer row_correct =
-      alloc(MemCategory::workspace, DType::i32, {count}, "lm_head_loss row argmax hits");
-  Buffer logits = alloc(MemCategory::workspace, DType::f32, {tile, vocab}, "lm_head_loss logits");
-  Buffer hidden_tile = alloc(MemCategory::workspace, dtype, {tile, width}, "lm_head_loss hidden");
-  Buffer dlogits, dhidden_tile;
-  if (with_grad) {
-    dlogits = alloc(MemCategory::workspace, dtype, {tile, vocab}, "lm_head_loss dlogits");
-    dhidden_tile = alloc(MemCategory::workspace, dtype, {tile, width}, "lm_head_loss dhidden");
-  }
+  Buffer& row_loss = scratch.row_loss;
+  Buffer& row_correct = scratch.row_correct;
+  Buffer& logits = scratch.logits;
+  Buffer& hidden_tile = scratch.hidden_tile;
+  Buffer& dlogits = scratch.dlogits;
+  Buffer& dhidden_tile = scratch.dhidden_tile;
 
   for (int64_t start = 0; start < count; start += tile) {
     const int64_t n = std::min(tile, count - start);

@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/cudnn_attention_graphs.h"
 #include "kernels/cuda/cudnn_graph.h"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
@@ -45,7 +46,7 @@ constexpr size_t kMinimumVersion = 91600;
 // The deterministic backward keeps dP in its workspace on some GPUs (O(T²)); above this it
 // gives way to cuDNN's default, so that attention memory stays O(T·d).
 int64_t deterministic_workspace_limit(const AttentionShape& s) {
-  return std::max<int64_t>(int64_t(256) << 20, 4 * s.batch * s.q_heads * s.seq * s.dim * 4);
+  return cudnn_attention_workspace_bound(s.batch, s.q_heads, s.seq, s.dim);
 }
 
 AttentionShape dims_of(const Tensor& q, const Tensor& k) {
@@ -103,8 +104,7 @@ void CudnnAttention::forward(const Tensor& out, const Tensor& lse, const Tensor&
 
   float scale = float(1.0 / std::sqrt(double(dims.dim)));
   float negative_infinity = -std::numeric_limits<float>::infinity();
-  Buffer workspace = backend_.alloc(MemCategory::workspace, DType::i32,
-                                    {(plan.workspace_bytes + 3) / 4}, "cuDNN attention forward");
+  Buffer workspace = cudnn_workspace(backend_, plan.workspace_bytes, "cuDNN attention forward");
   cudnn::execute(graphs_->handle, plan.plan, {kQ, kK, kV, kO, kStats, kScale, kNegativeInfinity},
                  {q.data, k.data, v.data, out.data, lse.data, &scale, &negative_infinity},
                  workspace.tensor().data, "kernels.attention: cudnn forward");
@@ -155,16 +155,13 @@ void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   float scale = float(1.0 / std::sqrt(double(dims.dim)));
   float negative_infinity = -std::numeric_limits<float>::infinity();
   float one = 1.0f;
-  Buffer row_dot = backend_.alloc(MemCategory::attention, DType::f32,
-                                  {dims.batch, dims.q_heads, dims.seq}, "cuDNN attention dO·O");
+  Buffer row_dot = attention_row_dot(backend_, dims.batch, dims.q_heads, dims.seq);
   Buffer dq_accum;
   if (!deterministic) {
-    dq_accum = backend_.alloc(MemCategory::attention, DType::f32, {q.numel()},
-                              "cuDNN attention dQ accumulator");
+    dq_accum = cudnn_dq_accumulator(backend_, q.numel());
     backend_.fill_zero(dq_accum);  // cudnn-frontend zeroes it only before cuDNN 9.6; be sure
   }
-  Buffer workspace = backend_.alloc(MemCategory::workspace, DType::i32,
-                                    {(plan.workspace_bytes + 3) / 4}, "cuDNN attention backward");
+  Buffer workspace = cudnn_workspace(backend_, plan.workspace_bytes, "cuDNN attention backward");
   std::vector<int64_t> uids = {
       kQ, kK, kV, kO, kDO, kDQ, kDK, kDV, kStats, kScale, kNegativeInfinity, kOne, kRowDot};
   std::vector<void*> pointers = {q.data,

@@ -1,0 +1,145 @@
+#include "apps/plan_command.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "core/job_errors.h"
+#include "core/plan_report.h"
+#include "core/plan_search.h"
+
+namespace ulysses {
+
+namespace {
+
+// "32k" = 32768, "1m" = 1048576, "500000" as written.
+int64_t parse_tokens(const std::string& text) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    throw CLI::ValidationError("--seq", "'" + text + "' is not a token count (e.g. 32k, 1m)");
+  }
+  const std::string suffix = text.substr(used);
+  if (suffix == "k" || suffix == "K")
+    value *= 1024;
+  else if (suffix == "m" || suffix == "M")
+    value *= 1024 * 1024;
+  else if (!suffix.empty())
+    throw CLI::ValidationError("--seq", "'" + text + "': the suffix can be k (1024) or m (1024²)");
+  if (value < 1) throw CLI::ValidationError("--seq", "'" + text + "' is not positive");
+  return value;
+}
+
+void print_longest(const PlanTarget& target, const std::vector<int>& sps, int64_t granule) {
+  std::cout << "== longest seq_len that fits " << format_bytes(target.budget_bytes)
+            << " per rank, world " << target.world_size << " (multiples of " << granule
+            << " x sp tokens)\n";
+  for (int sp : sps) {
+    const PlanPoint probe = plan_point(target, granule * sp, sp);
+    if (!probe.verdict.empty()) {
+      std::cout << "  sp " << sp << ": cannot plan: " << probe.verdict << "\n";
+      continue;
+    }
+    for (const OptionSet& options : option_ladder(probe.config, target.world_size)) {
+      const auto start = std::chrono::steady_clock::now();
+      const int64_t longest = longest_fitting_seq(target, sp, options, granule * sp);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      char line[256];
+      std::snprintf(line, sizeof line, "  sp %d  %-70s %12lld tokens  (%.2f s)\n", sp,
+                    options.name.c_str(), (long long)longest, seconds);
+      std::cout << line;
+    }
+  }
+}
+
+}  // namespace
+
+int run_plan_command(int argc, char** argv) {
+  PlanTarget target;
+  std::vector<std::string> seqs, sps;
+  int world = 0;
+  double device_gib = 0.0;
+  bool longest = false;
+  int64_t granule = 1024;
+  CLI::App app{
+      "ulysses-train plan: plans the memory of a training step on any machine, without a GPU "
+      "and without allocating: for each (seq_len, sp) the bytes per rank by category "
+      "(persistent and step peak), the all-to-all bytes per step, the divisibility checks, "
+      "whether it fits --device-gib, and the cheapest memory options that fit. device: cuda "
+      "is planned with the cuda backend's dtypes and buffers (bf16 compute, fp32 master); "
+      "cuDNN workspaces, known only on a device, are charged at a documented upper bound.\n"
+      "Runs in one process (no mpirun). Exit status: 0 planned, 2 bad arguments or config.",
+      "ulysses-train plan"};
+  app.add_option("--config,-c", target.config_path, "YAML config file (docs/configuration.md)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--set", target.overrides, "override a config key, e.g. --set train.batch_size=1");
+  app.add_option("--seq", seqs,
+                 "sequence lengths, e.g. 32k,128k,1m (k = 1024, m = 1024²); "
+                 "default: train.seq_len")
+      ->delimiter(',');
+  app.add_option("--sp", sps, "sequence-parallel degrees, e.g. 1,2,4,8; default: parallel.sp")
+      ->delimiter(',');
+  app.add_option("--world", world,
+                 "ranks of the job (dp x sp); default: the largest --sp. ZeRO shards over it")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device-gib", device_gib,
+                 "device memory per rank in GiB (e.g. 80, 141); default: memory.limit_gib")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--cpu-threads", target.cpu_threads,
+                 "device: cpu only: threads per rank, which size the attention tiles (default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--longest", longest,
+               "instead of the points: for each --sp and each option set, the longest seq_len "
+               "that fits (bisection over multiples of --granule x sp)");
+  app.add_option("--granule", granule, "--longest: lengths are multiples of this x sp (1024)")
+      ->check(CLI::PositiveNumber);
+  app.footer(
+      "Option sets, cheapest first, each keeping the ones before: none, ZeRO-1/2/3 (world > 1), "
+      "layer checkpointing, tiled MLP (auto), head chunks (the most the heads allow), offload "
+      "(cpu only: refused on cuda). Docs: docs/memory.md (\"The planner\").");
+  try {
+    app.parse(argc - 1, argv + 1);  // argv[1] is "plan"
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : int(ExitCode::bad_input);
+  }
+
+  try {
+    const Config base = load_config(target.config_path, target.overrides);
+    std::vector<int64_t> seq_lens;
+    for (const std::string& text : seqs) seq_lens.push_back(parse_tokens(text));
+    if (seq_lens.empty()) seq_lens.push_back(base.train.seq_len);
+    std::vector<int> sp_values;
+    for (const std::string& text : sps) sp_values.push_back(int(parse_tokens(text)));
+    if (sp_values.empty()) sp_values.push_back(base.parallel.sp);
+    target.world_size = world > 0 ? world : *std::max_element(sp_values.begin(), sp_values.end());
+    const double gib = device_gib > 0 ? device_gib : base.memory.limit_gib;
+    if (gib <= 0)
+      throw CLI::ValidationError("--device-gib",
+                                 "no budget: give --device-gib or set memory.limit_gib");
+    target.budget_bytes = int64_t(gib * 1024.0 * 1024.0 * 1024.0);
+    if (longest) {
+      print_longest(target, sp_values, granule);
+      return 0;
+    }
+    for (int sp : sp_values)
+      for (int64_t seq_len : seq_lens)
+        print_plan_point(std::cout, plan_point(target, seq_len, sp), target);
+  } catch (const CLI::ValidationError& error) {
+    std::cerr << "plan: " << error.what() << "\n";
+    return int(ExitCode::bad_input);
+  } catch (const std::exception& error) {
+    std::cerr << "plan: " << error.what() << "\n";
+    return int(exit_code_for(error));
+  }
+  return 0;
+}
+
+}  // namespace ulysses

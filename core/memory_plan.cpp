@@ -1,0 +1,47 @@
+#include "core/memory_plan.h"
+
+#include <algorithm>
+
+#include "core/trainer.h"
+#include "kernels/planning_backend.h"
+#include "parallel/planning_comm.h"
+
+namespace ulysses {
+
+MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
+  PlanningBackend backend(backend_kind(config.device), config.kernels.attention, cpu_threads);
+  PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp);
+  Trainer trainer(config, backend, planned.mesh);
+  MemoryPlan plan;
+  plan.persistent = backend.memory().stats().current;
+  const std::vector<const Comm*> comms = {planned.mesh.world, planned.mesh.sp.get(),
+                                          planned.mesh.dp.get()};
+  const CommStats before = sum_stats(comms);
+  trainer.plan_step();
+  const CommStats after = sum_stats(comms);
+  const MemoryStats& stats = backend.memory().stats();
+  plan.peak = stats.peak;
+  plan.device_peak = stats.total_peak;
+  plan.num_params = trainer.model().num_params();
+  const ZeroState& state = trainer.model().state();
+  plan.zero_stage = state.stage();
+  plan.zero_units = int64_t(state.layout().units().size());
+  for (const ShardUnit& unit : state.layout().units())
+    plan.largest_unit = std::max(plan.largest_unit, unit.numel());
+  plan.shard_numel = state.layout().shard_numel();
+  plan.all_to_all_bytes = after.all_to_all_bytes - before.all_to_all_bytes;
+  plan.grad_comm_bytes =
+      after.reduce_bytes + after.gather_bytes - before.reduce_bytes - before.gather_bytes;
+  plan.host_checkpoints = stats.peak[int(MemCategory::checkpoints_host)];
+  // Model::init_weights, Trainer::load_initial_weights and the checkpoint writer each hold
+  // one fp32 value per parameter on the host (docs/memory.md, "Known limits").
+  plan.host_weights_io = plan.num_params * int64_t(sizeof(float));
+  if (config.device == "cuda")
+    for (const Comm* comm : comms)
+      plan.host_staging =
+          std::max(plan.host_staging, static_cast<const PlanningComm*>(comm)->largest_call_bytes());
+  plan.workspace_bound = backend.used_workspace_bound();
+  return plan;
+}
+
+}  // namespace ulysses

@@ -1,0 +1,76 @@
+#include "core/plan_report.h"
+
+#include <cstdio>
+#include <string>
+
+namespace ulysses {
+
+namespace {
+
+std::string row(const std::string& name, const std::string& first, const std::string& second) {
+  char text[160];
+  std::snprintf(text, sizeof text, "  %-18s %14s %14s\n", name.c_str(), first.c_str(),
+                second.c_str());
+  return text;
+}
+
+std::string options_of(const Config& config) {
+  return "ZeRO " + std::to_string(config.parallel.zero_stage) + ", checkpointing " +
+         config.memory.activation_checkpointing + ", head_chunks " +
+         std::to_string(config.parallel.head_chunks) + ", tiled_mlp " + config.memory.tiled_mlp +
+         ", offload " + (config.memory.offload_checkpoints ? "true" : "false");
+}
+
+}  // namespace
+
+void print_memory_plan(std::ostream& out, const MemoryPlan& plan) {
+  out << row("category", "persistent", "step peak");
+  for (int i = 0; i < kNumMemCategories; ++i)
+    out << row(mem_category_name(MemCategory(i)), format_bytes(plan.persistent[i]),
+               format_bytes(plan.peak[i]));
+  out << row("device total", "", format_bytes(plan.device_peak));
+  if (plan.workspace_bound)
+    out << "  (cuDNN attention workspaces charged at their documented upper bound: they are "
+           "known only on a device)\n";
+  out << "  sent per step per rank: all-to-all " << format_bytes(plan.all_to_all_bytes)
+      << ", gradient and weight collectives " << format_bytes(plan.grad_comm_bytes) << "\n";
+  out << "  host per rank: offloaded checkpoints " << format_bytes(plan.host_checkpoints)
+      << ", weights I/O copy " << format_bytes(plan.host_weights_io)
+      << " (init/load on every rank, checkpoint save on rank 0)";
+  if (plan.host_staging > 0)
+    out << ", pinned staging without NCCL up to " << format_bytes(plan.host_staging);
+  out << "\n";
+}
+
+void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarget& target) {
+  out << "== seq_len " << point.seq_len << ", sp " << point.sp << " (world " << target.world_size
+      << " = dp " << target.world_size / point.sp << " x sp " << point.sp << "), budget "
+      << format_bytes(target.budget_bytes) << " per rank\n";
+  if (!point.loaded) {
+    out << "  cannot plan: " << point.verdict << "\n";
+    return;
+  }
+  for (const std::string& line : divisibility_verdicts(point.config, point.seq_len, point.sp))
+    out << "  " << line << "\n";
+  if (!point.verdict.empty()) {
+    out << "  cannot plan: " << point.verdict << "\n";
+    return;
+  }
+  out << "  as configured (" << options_of(point.config) << "), device " << point.config.device
+      << ", " << point.plan.num_params << " parameters:\n";
+  print_memory_plan(out, point.plan);
+  const int64_t margin = target.budget_bytes - point.plan.device_peak;
+  out << "  " << (point.fits ? "FITS" : "DOES NOT FIT") << ": peak "
+      << format_bytes(point.plan.device_peak) << " of " << format_bytes(target.budget_bytes)
+      << (point.fits ? " (" + format_bytes(margin) + " to spare)"
+                     : " (" + format_bytes(-margin) + " over)")
+      << "\n";
+  if (point.cheapest)
+    out << "  cheapest options that fit: " << point.cheapest->name << " (peak "
+        << format_bytes(point.cheapest_plan.device_peak) << ", all-to-all "
+        << format_bytes(point.cheapest_plan.all_to_all_bytes) << " per step)\n";
+  else
+    out << "  no option set fits: more sp ranks, a shorter sequence or a larger device\n";
+}
+
+}  // namespace ulysses

@@ -1,0 +1,18 @@
+// How `ulysses-train plan` and `--dry-run` print a plan (docs/memory.md, "The planner").
+#pragma once
+
+#include <ostream>
+
+#include "core/memory_plan.h"
+#include "core/plan_search.h"
+
+namespace ulysses {
+
+// Per category: persistent bytes and the step's peak; the device total; bytes sent per step;
+// host memory per rank.
+void print_memory_plan(std::ostream& out, const MemoryPlan& plan);
+// A (seq_len, sp) point: divisibility, the plan as configured, fits or not, the cheapest
+// option set that fits.
+void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarget& target);
+
+}  // namespace ulysses

@@ -1,0 +1,85 @@
+// A backend that runs nothing and allocates nothing: every buffer is charged to its category
+// (planning mode, kernels/memory.h) and every op charges the scratch the real backend of
+// that kind would allocate (kernels/op_scratch.h). The trainer's own step, run on it, gives
+// the per-category peak of a real step on any machine, a cuda plan included (docs/memory.md,
+// "The planner").
+#pragma once
+
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/op_scratch.h"
+
+namespace ulysses {
+
+class PlanningBackend final : public Backend {
+ public:
+  // attention: kernels.attention ("native", or "cudnn" on cuda). cpu_threads sizes the cpu
+  // attention's per-thread tiles, as omp_get_max_threads() does in a run.
+  PlanningBackend(BackendKind kind, const std::string& attention, int cpu_threads);
+
+  std::string name() const override;
+  DType compute_dtype() const override { return compute_dtype_of(kind_); }
+  void set_num_threads(int threads) override { threads_ = threads; }
+  // Whether a cuDNN workspace was charged at its bound (docs/memory.md, "The planner").
+  bool used_workspace_bound() const { return used_workspace_bound_; }
+
+  void* raw_alloc(size_t bytes) override;
+  void raw_free(void* pointer) override;
+
+  void upload(const Tensor&, const void*) override {}
+  void download(void*, const Tensor&) override {}
+  void copy(const Tensor&, const Tensor&) override {}
+  void cast(const Tensor&, const Tensor&) override {}
+  void fill_zero(const Tensor&) override {}
+  void copy_2d(void*, int64_t, const void*, int64_t, int64_t, int64_t) override {}
+  void synchronize() override {}
+  void axpy(const Tensor&, const Tensor&, float) override {}
+  void scale(const Tensor&, float) override {}
+  double sum_squares(const Tensor&) override { return 0.0; }
+  void gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) override {}
+  void bias_forward(const Tensor&, const Tensor&) override {}
+  void bias_backward(const Tensor&, const Tensor&) override {}
+  void embedding_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         int64_t) override {}
+  void embedding_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          int64_t) override {}
+  void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override {
+  }
+  void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&) override {}
+  void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, float) override {}
+  void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, const Tensor&) override {}
+  void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override;
+  void swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {}
+  void swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&) override {}
+  void gelu_forward(const Tensor&, const Tensor&) override {}
+  void gelu_backward(const Tensor&, const Tensor&, const Tensor&) override {}
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v) override;
+  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse) override;
+  // Every row is counted (the planned micro-batch has a target everywhere), which is the
+  // largest the loss tiles get.
+  LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                          int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                          const Tensor& dweight) override;
+  void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+             const AdamWStep&) override {}
+
+ private:
+  bool cudnn() const { return kind_ == BackendKind::cuda && attention_ == "cudnn"; }
+  int64_t cudnn_bound(const Tensor& q) const;
+
+  BackendKind kind_;
+  std::string attention_;
+  int threads_;
+  bool used_workspace_bound_ = false;
+  Buffer cublaslt_workspace_;  // held by the cuda backend for its lifetime
+};
+
+}  // namespace ulysses
