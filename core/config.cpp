@@ -15,6 +15,7 @@
 #include <sstream>
 #include <variant>
 
+#include "core/seq_len_schedule.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
 #include "parallel/head_chunks.h"
@@ -56,6 +57,7 @@ const std::vector<Field>& fields() {
       ULYSSES_FIELD(train.steps),
       ULYSSES_FIELD(train.batch_size),
       ULYSSES_FIELD(train.seq_len),
+      ULYSSES_FIELD(train.seq_len_schedule),
       ULYSSES_FIELD(train.grad_accum),
       ULYSSES_FIELD(train.lr),
       ULYSSES_FIELD(train.min_lr),
@@ -736,6 +738,15 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
                                         check.show("model.n_heads") +
                                         "; model.family gpt2 has no grouped-query attention");
   }
+  std::vector<SeqLenStage> stages;
+  try {
+    stages = parse_seq_len_schedule(c.train.seq_len_schedule);
+  } catch (const std::invalid_argument& error) {
+    reader.fail("train.seq_len_schedule", error.what());
+  }
+  const std::string schedule_problem =
+      seq_len_schedule_problem(stages, c.train.seq_len, c.train.steps);
+  if (!schedule_problem.empty()) reader.fail("train.seq_len_schedule", schedule_problem);
   if (c.train.seq_len > m.max_seq_len) {
     reader.fail("train.seq_len",
                 std::to_string(c.train.seq_len) + " is above " + check.show("model.max_seq_len"));
@@ -755,6 +766,12 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
                                      check.show("data.n_pairs") + "; planted keys are distinct");
     }
     int64_t needed = synthetic_min_seq_len(c.data);
+    if (!stages.empty() && stages.front().seq_len < needed) {
+      reader.fail("train.seq_len_schedule",
+                  "the first stage's length " + std::to_string(stages.front().seq_len) +
+                      " is too short for the synthetic task, which needs " +
+                      std::to_string(needed));
+    }
     if (c.train.seq_len < needed) {
       reader.fail("train.seq_len",
                   std::to_string(c.train.seq_len) +
@@ -885,6 +902,13 @@ void validate_for_world(const Config& config, int world_size) {
                       "; every rank holds an equal slice, e.g. use " +
                       (below > 0 ? std::to_string(below) + " or " : "") +
                       std::to_string(below + sp));
+  }
+  for (const SeqLenStage& stage : parse_seq_len_schedule(config.train.seq_len_schedule)) {
+    if (stage.seq_len % sp != 0)
+      throw ConfigError("train.seq_len_schedule: the stage at step " +
+                        std::to_string(stage.first_step) + " has length " +
+                        std::to_string(stage.seq_len) + ", not divisible by parallel.sp=" +
+                        std::to_string(sp) + "; every rank holds an equal slice");
   }
   const int heads_per_rank = n_heads / sp;
   const std::vector<int> chunks = valid_head_chunks(n_heads, n_kv_heads, sp);

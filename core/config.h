@@ -44,6 +44,9 @@ struct TrainConfig {
   int steps = 100;
   int batch_size = 1;  // sequences per data-parallel rank per micro-step
   int seq_len = 256;
+  // A sequence-length curriculum ending at seq_len, "256@0, 4096@500" (core/seq_len_schedule.h);
+  // empty = seq_len throughout.
+  std::string seq_len_schedule;
   int grad_accum = 1;
   double lr = 3e-3;
   double min_lr = 0.0;

@@ -35,4 +35,39 @@ EvalResult evaluate_model(Model& model, Dataset& dataset, const Mesh& mesh, int6
   return result;
 }
 
+QueryPlacement query_placement(const Dataset& dataset, int64_t sequences, int64_t seq_len, int sp) {
+  QueryPlacement placement;
+  placement.keys_per_rank.assign(size_t(sp), 0);
+  placement.asked_per_rank.assign(size_t(sp), 0);
+  const int64_t seq_local = seq_len / sp;
+  for (int64_t index = 0; index < sequences; ++index) {
+    for (const Dataset::Query& query : dataset.queries(index)) {
+      const int64_t key_rank = query.key_at / seq_local, asking_rank = query.asked_at / seq_local;
+      placement.keys_per_rank[size_t(key_rank)] += 1;
+      placement.asked_per_rank[size_t(asking_rank)] += 1;
+      placement.across_ranks += key_rank != asking_rank ? 1 : 0;
+      placement.queries += 1;
+    }
+  }
+  return placement;
+}
+
+std::string describe_placement(const QueryPlacement& placement) {
+  auto slash_joined = [](const std::vector<int64_t>& values, bool indices) {
+    std::string text;
+    for (size_t i = 0; i < values.size(); ++i)
+      text += (i ? "/" : "") + std::to_string(indices ? int64_t(i) : values[i]);
+    return text;
+  };
+  std::string asked;
+  for (size_t rank = 0; rank < placement.asked_per_rank.size(); ++rank)
+    if (placement.asked_per_rank[rank] > 0)
+      asked += (asked.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) + ": " +
+               std::to_string(placement.asked_per_rank[rank]);
+  return "keys on sp ranks " + slash_joined(placement.keys_per_rank, true) + ": " +
+         slash_joined(placement.keys_per_rank, false) + ", queries asked by " + asked + "; " +
+         std::to_string(placement.across_ranks) + " of " + std::to_string(placement.queries) +
+         " answers need attention across ranks";
+}
+
 }  // namespace ulysses

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/model.h"
 #include "data/dataset.h"
@@ -27,5 +29,19 @@ MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence, int64_t ba
 // the same mesh reads the same sequences.
 EvalResult evaluate_model(Model& model, Dataset& dataset, const Mesh& mesh, int64_t batch_size,
                           int64_t seq_local, int steps);
+
+// Synthetic data: which sp rank's slice holds each queried key and which asks the query, over
+// the first `sequences` sequences, so the log can say how many answers needed attention
+// across ranks (docs/evaluation.md).
+struct QueryPlacement {
+  std::vector<int64_t> keys_per_rank;   // [sp]
+  std::vector<int64_t> asked_per_rank;  // [sp]
+  int64_t across_ranks = 0;             // queries whose key sits on another rank
+  int64_t queries = 0;
+};
+QueryPlacement query_placement(const Dataset& dataset, int64_t sequences, int64_t seq_len, int sp);
+// "keys on sp ranks 0/1/2/3: 17/15/16/16, queries asked by rank 3: 64; 48 of 64 answers need
+// attention across ranks"
+std::string describe_placement(const QueryPlacement& placement);
 
 }  // namespace ulysses

@@ -39,7 +39,7 @@ class AdamW {
 
  private:
   Backend& backend_;
-  const ParamTable& table_;
+  ParamTable table_;  // a copy: a curriculum rebuilds the model (core/seq_len_schedule.h)
   const TrainConfig& train_;
   std::vector<ShardSegment> segments_;
   Buffer m_, v_;

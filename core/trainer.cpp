@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
 #include "core/job_agreement.h"
 #include "core/nonfinite.h"
+#include "core/seq_len_schedule.h"
 #include "core/stop_signal.h"
 #include "core/trace_file.h"
 #include "core/weights_io.h"
@@ -69,24 +71,59 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
     : config_(config),
       backend_(backend),
       mesh_(mesh),
-      seq_local_(config.train.seq_len / mesh.sp_size) {
+      seq_len_stages_(parse_seq_len_schedule(config.train.seq_len_schedule)) {
   const TrainConfig& train = config.train;
-  model_ =
-      std::make_unique<Model>(config, backend, *mesh.sp, *mesh.world, train.batch_size, seq_local_);
+  // A plan is for the last stage of a curriculum, at the full length.
+  const int64_t last_step = std::numeric_limits<int64_t>::max();
+  build_model(stage_at(seq_len_stages_, train.seq_len, train.batch_size,
+                       backend.memory().planning() ? last_step : 0));
   optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train, model_->state().layout());
   if (backend.memory().planning()) return;
   model_->init_weights(train.seed);
+  open_data();
+  checkpointer_ = std::make_unique<Checkpointer>(config, backend, *mesh.world);
+}
+
+void Trainer::build_model(const SeqLenStage& stage) {
+  seq_len_ = stage.seq_len;
+  batch_size_ = stage.batch_size;
+  seq_local_ = seq_len_ / mesh_.sp_size;
+  model_ =
+      std::make_unique<Model>(config_, backend_, *mesh_.sp, *mesh_.world, batch_size_, seq_local_);
+}
+
+void Trainer::open_data() {
+  const TrainConfig& train = config_.train;
   {
-    Watchdog::SlowWork slow(mesh.world->watchdog().get(), "opening the data");
+    Watchdog::SlowWork slow(mesh_.world->watchdog().get(), "opening the data");
     train_data_ =
-        make_dataset(config.data, Split::train, train.seq_len, config.model.vocab_size, train.seed);
+        make_dataset(config_.data, Split::train, seq_len_, config_.model.vocab_size, train.seed);
     if (train.eval_every > 0)
       val_data_ =
-          make_dataset(config.data, Split::val, train.seq_len, config.model.vocab_size, train.seed);
+          make_dataset(config_.data, Split::val, seq_len_, config_.model.vocab_size, train.seed);
   }
   check_same_data(*train_data_, "training");
   if (val_data_) check_same_data(*val_data_, "validation");
-  checkpointer_ = std::make_unique<Checkpointer>(config, backend, *mesh.world);
+}
+
+void Trainer::follow_seq_len_schedule() {
+  const SeqLenStage stage =
+      stage_at(seq_len_stages_, config_.train.seq_len, config_.train.batch_size, step_);
+  if (stage.seq_len == seq_len_ && stage.batch_size == batch_size_) return;
+  const int64_t previous_len = seq_len_, previous_batch = batch_size_;
+  // The weights move to the model built for the new shape through the host; the optimizer's
+  // moments stay where they are (the parameter layout does not depend on the shape).
+  std::vector<float> weights(size_t(model_->num_params()));
+  model_->download_weights(weights.data());
+  model_.reset();  // before the new one: the two are never allocated at once
+  build_model(stage);
+  model_->load_weights(weights.data());
+  open_data();
+  if (mesh_.world->rank() == 0)
+    spdlog::info(
+        "seq_len {} x batch {} -> {} x {} from step {} (train.seq_len_schedule): {} tokens per "
+        "rank",
+        previous_len, previous_batch, seq_len_, batch_size_, step_ + 1, seq_local_);
 }
 
 void Trainer::check_same_data(const Dataset& dataset, const char* split) const {
@@ -159,9 +196,9 @@ StepResult Trainer::train_step() {
     Profiler::Scope data(profiler, phase::kData);
     for (int micro = 0; micro < train.grad_accum; ++micro) {
       int64_t first_sequence =
-          ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * train.batch_size;
-      micro_batches.push_back(read_micro_batch(*train_data_, first_sequence, train.batch_size,
-                                               seq_local_, mesh_.sp_rank));
+          ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * batch_size_;
+      micro_batches.push_back(
+          read_micro_batch(*train_data_, first_sequence, batch_size_, seq_local_, mesh_.sp_rank));
       for (int32_t target : micro_batches.back().targets) counted += target >= 0 ? 1.0 : 0.0;
     }
   }
@@ -182,7 +219,7 @@ StepResult Trainer::plan_step() {
     throw std::logic_error("Trainer::plan_step outside planning mode");
   const TrainConfig& train = config_.train;
   MicroBatch batch;
-  batch.batch = train.batch_size;
+  batch.batch = batch_size_;
   batch.seq_local = seq_local_;
   batch.pos_offset = int64_t(mesh_.sp_rank) * seq_local_;
   batch.inputs.assign(size_t(batch.batch * seq_local_), 0);
@@ -215,7 +252,7 @@ StepResult Trainer::compute_step(const std::vector<MicroBatch>& micro_batches, d
   result.lr = learning_rate(train, step_);
   result.loss = totals[0] / totals[1];
   if (train_data_ && train_data_->has_answers()) result.accuracy = totals[2] / totals[1];
-  result.tokens = int64_t(train.grad_accum) * train.batch_size * mesh_.dp_size * train.seq_len;
+  result.tokens = int64_t(train.grad_accum) * batch_size_ * mesh_.dp_size * seq_len_;
   // ZeRO (parallel/zero_state.h): the reduced gradient and the master weights are whole or
   // this rank's shard; either way the norm is over the whole gradient, so clipping is exact.
   ZeroState& state = model_->state();
@@ -273,8 +310,16 @@ void Trainer::handle_nonfinite(const StepResult& result) {
 }
 
 EvalResult Trainer::evaluate() {
-  return evaluate_model(*model_, *val_data_, mesh_, config_.train.batch_size, seq_local_,
-                        config_.train.eval_steps);
+  const TrainConfig& train = config_.train;
+  // Once per length: where the keys of the evaluated sequences sit, which rank asks.
+  if (mesh_.world->rank() == 0 && val_data_->has_answers() && placement_logged_at_ != seq_len_) {
+    const int64_t sequences = int64_t(train.eval_steps) * mesh_.dp_size * batch_size_;
+    spdlog::info(
+        "eval sequences at {} tokens over sp {}: {}", seq_len_, mesh_.sp_size,
+        describe_placement(query_placement(*val_data_, sequences, seq_len_, mesh_.sp_size)));
+    placement_logged_at_ = seq_len_;
+  }
+  return evaluate_model(*model_, *val_data_, mesh_, batch_size_, seq_local_, train.eval_steps);
 }
 
 nlohmann::json Trainer::phases_max_json(const std::map<std::string, PhaseTotals>& phases) const {
@@ -298,8 +343,8 @@ void Trainer::start_profiling() {
   verdict_context_.cores_on_node = int(std::thread::hardware_concurrency());
   verdict_context_.limit_bytes = backend_.memory().limit();
   // The all-to-all of one q tensor: B·Tl·H·d elements.
-  verdict_context_.bare_all_to_all_bytes = int64_t(config_.train.batch_size) * seq_local_ *
-                                           config_.model.d_model * int64_t(sizeof(float));
+  verdict_context_.bare_all_to_all_bytes =
+      batch_size_ * seq_local_ * config_.model.d_model * int64_t(sizeof(float));
   verdict_context_.bare_all_to_all_gbps =
       measure_all_to_all_gbps(*mesh_.sp, backend_, verdict_context_.bare_all_to_all_bytes);
   mesh_.world->barrier();
@@ -392,6 +437,7 @@ void Trainer::run() {
   start_profiling();
   Profiler& profiler = backend_.profiler();
   while (step_ < train.steps) {
+    follow_seq_len_schedule();
     backend_.memory().reset_peaks();
     profiler.take_totals();  // evaluation and checkpoints between steps are not step phases
     CommStats before = sum_stats(comms);

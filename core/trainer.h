@@ -14,6 +14,7 @@
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/seq_len_schedule.h"
 #include "core/step_report.h"
 #include "data/dataset.h"
 #include "kernels/backend.h"
@@ -66,6 +67,13 @@ class Trainer {
   // Everything of a step after its data are read: forward and backward of every micro-batch,
   // gradient reduction, clipping, AdamW and publishing the weights.
   StepResult compute_step(const std::vector<MicroBatch>& micro_batches, double counted);
+  // The model for micro-batches of the stage's shape (this rank's slice: seq_len / sp).
+  void build_model(const SeqLenStage& stage);
+  // Opens both splits at the current length and checks that every rank sees the same data.
+  void open_data();
+  // Collective, before each step: moves to the length train.seq_len_schedule gives the step,
+  // rebuilding the model and the data when it changes (docs/configuration.md#curriculum).
+  void follow_seq_len_schedule();
   // Every rank must read the same data: the sizes each rank found are compared.
   void check_same_data(const Dataset& dataset, const char* split) const;
   // What the watchdog names when a collective of this phase waits too long.
@@ -85,7 +93,12 @@ class Trainer {
   const Config& config_;
   Backend& backend_;
   Mesh& mesh_;
-  int64_t seq_local_;
+  // train.seq_len_schedule: the stages, the current length and this rank's slice of it.
+  std::vector<SeqLenStage> seq_len_stages_;
+  int64_t seq_len_ = 0;
+  int64_t batch_size_ = 0;
+  int64_t seq_local_ = 0;
+  int64_t placement_logged_at_ = 0;  // the length whose query placement was last logged
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Dataset> train_data_, val_data_;

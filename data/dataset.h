@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "data/data_config.h"
 
@@ -33,6 +34,13 @@ class Dataset {
   virtual int64_t num_sequences() const = 0;
   // Answer accuracy is meaningful (synthetic).
   virtual bool has_answers() const { return false; }
+  // Synthetic: where each query of sequence `index` is asked and where the key it asks for
+  // was planted (positions in the sequence), in query order; empty for other sources.
+  struct Query {
+    int64_t asked_at;
+    int64_t key_at;
+  };
+  virtual std::vector<Query> queries(int64_t /*index*/) const { return {}; }
 };
 
 // Smallest vocabulary the source needs (synthetic, text); 0 when it must come from the

@@ -52,6 +52,14 @@ class SyntheticDataset : public Dataset {
 
   int64_t num_sequences() const override { return std::numeric_limits<int64_t>::max(); }
   bool has_answers() const override { return true; }
+  std::vector<Query> queries(int64_t index) const override {
+    const Plan plan = make_plan(index);
+    std::vector<Query> result;
+    for (int q = 0; q < n_queries_; ++q)
+      // The key token follows the pair's marker; the query's key follows the query marker.
+      result.push_back({query_begin_ + 3 * q + 1, plan.pair_starts[plan.queried[q]] + 1});
+    return result;
+  }
 
  private:
   Plan make_plan(int64_t index) const {
