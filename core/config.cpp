@@ -808,10 +808,6 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
     reader.fail("memory.offload_checkpoints",
                 "offloads the layer inputs that layer checkpointing keeps, but " +
                     check.show("memory.activation_checkpointing"));
-  if (c.memory.offload_checkpoints && c.device == "cuda")
-    reader.fail("memory.offload_checkpoints",
-                "is not built for device: cuda yet (pinned host copies on a side stream); use "
-                "false");
 }
 
 // ---- YAML output -----------------------------------------------------------------------

@@ -59,19 +59,29 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim(), config.parallel.head_chunks),
       block_(config.model, config.memory, config.parallel.overlap, backend, attention_),
-      recompute_(config.memory.activation_checkpointing == "layer") {
+      recompute_(config.memory.activation_checkpointing == "layer"),
+      offload_moves_(recompute_ && config.memory.offload_checkpoints &&
+                     backend.host_memory_is_separate()) {
   const int64_t rows = batch * seq_local, C = model_.d_model;
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");
   targets_ = backend.alloc(MemCategory::activations, DType::i32, {rows}, "targets");
   // memory.offload_checkpoints: the layer inputs live in host memory. On the cpu backend that
   // is where they are anyway: only their category says so (docs/memory.md).
   const MemCategory residual_category = !recompute_ ? MemCategory::activations
-                                        : config.memory.offload_checkpoints
+                                        : config.memory.offload_checkpoints && !offload_moves_
                                             ? MemCategory::checkpoints_host
                                             : MemCategory::checkpoints;
-  for (int i = 0; i <= model_.n_layers; ++i)
+  for (int i = 0; i < (offload_moves_ ? 2 : model_.n_layers + 1); ++i)
     residuals_.push_back(
         backend.alloc(residual_category, backend.compute_dtype(), {rows, C}, "block input"));
+  if (offload_moves_) {
+    for (int i = 0; i < model_.n_layers; ++i)
+      host_inputs_.push_back(backend.alloc(MemCategory::checkpoints_host, backend.compute_dtype(),
+                                           {rows, C}, "offloaded block input"));
+    recompute_out_ = backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C},
+                                   "recomputed block output");
+    offloaded_.assign(size_t(model_.n_layers), 0);
+  }
   for (int i = 0; i < (recompute_ ? 1 : model_.n_layers); ++i)
     acts_.push_back(block_.allocate_activations(shape_));
   final_norm_out_ =
@@ -169,30 +179,43 @@ std::vector<int> Model::unit_plan(bool backward) const {
   return plan;
 }
 
+Buffer& Model::block_input(int layer) {
+  return residuals_[size_t(offload_moves_ ? layer % 2 : layer)];
+}
+
 void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   if (batch.batch != shape_.batch || batch.seq_local != shape_.seq_local ||
       batch.pos_offset != shape_.pos_offset)
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
   backend_.upload(tokens_, batch.inputs.data());
   backend_.upload(targets_, batch.targets.data());
+  // The last pass's copies may still read the device inputs this one overwrites.
+  if (offload_moves_) backend_.wait_transfer(last_transfer_);
   weights.take(unit_of(R::token_embedding));
   {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_forward(
-        residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
+        block_input(0).tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
         weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
   }
+  if (offload_moves_)
+    offloaded_[0] = last_transfer_ = backend_.transfer(host_inputs_[0], block_input(0));
   for (int layer = 0; layer < model_.n_layers; ++layer) {
     weights.take(layer_unit(layer));
-    block_.forward(layer_view(layer, false), shape_, residuals_[layer], residuals_[layer + 1],
+    // The output goes where the input of layer - 1 was: its copy out must be done.
+    if (offload_moves_ && layer >= 1) backend_.wait_transfer(offloaded_[size_t(layer - 1)]);
+    block_.forward(layer_view(layer, false), shape_, block_input(layer), block_input(layer + 1),
                    activations(layer), scratch_);
+    if (offload_moves_ && layer + 1 < model_.n_layers)
+      offloaded_[size_t(layer + 1)] = last_transfer_ =
+          backend_.transfer(host_inputs_[size_t(layer + 1)], block_input(layer + 1));
   }
   weights.take(unit_of(R::final_norm_weight));
   final_norm_forward();
 }
 
 void Model::final_norm_forward() {
-  const Tensor& x = residuals_.back().tensor();
+  const Tensor& x = block_input(model_.n_layers).tensor();
   const float eps = float(model_.norm_eps);
   if (model_.family == "llama") {
     backend_.rmsnorm_forward(final_norm_out_, final_rstd_, x, weight(R::final_norm_weight), eps);
@@ -203,7 +226,7 @@ void Model::final_norm_forward() {
 }
 
 void Model::final_norm_backward(const Tensor& dhidden) {
-  const Tensor& x = residuals_.back().tensor();
+  const Tensor& x = block_input(model_.n_layers).tensor();
   backend_.fill_zero(dresidual_);
   if (model_.family == "llama") {
     backend_.rmsnorm_backward(dresidual_, gradient(R::final_norm_weight), dhidden, x,
@@ -244,18 +267,28 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   grads.take(unit_of(R::final_norm_weight));
   final_norm_backward(dhidden_);
 
+  int64_t input_back = 0;  // offload_moves_: the copy that brings this layer's input back
   for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
     weights.take(layer_unit(layer));
     grads.take(layer_unit(layer));
+    if (offload_moves_) {
+      // The last layer's input is still on the device; every other one was brought back
+      // while the layer after it ran its backward. The next one comes back during this one.
+      backend_.wait_transfer(input_back);
+      if (layer >= 1)
+        input_back = last_transfer_ =
+            backend_.transfer(block_input(layer - 1), host_inputs_[size_t(layer - 1)]);
+    }
     const LayerTensors layer_weights = layer_view(layer, false);
     // The shared set still holds the last block's activations from the forward pass.
-    // Recomputing writes the same bits into residuals_[layer + 1], no longer needed.
+    // Recomputing writes the same bits into the block's output, no longer needed.
     if (recompute_ && layer != model_.n_layers - 1) {
       Profiler::Scope recompute(backend_.profiler(), phase::kRecompute, Profiler::Kind::absorbing);
-      block_.forward(layer_weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0],
+      block_.forward(layer_weights, shape_, block_input(layer),
+                     offload_moves_ ? recompute_out_ : residuals_[size_t(layer + 1)], acts_[0],
                      scratch_);
     }
-    block_.backward(layer_weights, layer_view(layer, true), shape_, residuals_[layer],
+    block_.backward(layer_weights, layer_view(layer, true), shape_, block_input(layer),
                     activations(layer), scratch_, dresidual_);
   }
 

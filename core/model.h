@@ -81,6 +81,8 @@ class Model {
   // lm_head, or the token embedding it is tied to (gpt2).
   ParamRole lm_head_role() const;
   BlockActivations& activations(int layer);
+  // The device buffer holding layer `layer`'s input (layer n_layers: the last block's output).
+  Buffer& block_input(int layer);
   // FLOPs of the fused LM head over this rank's tokens (backward: the two weight and input
   // gradients on top).
   double lm_head_flops(bool backward) const;
@@ -100,9 +102,18 @@ class Model {
   // memory.activation_checkpointing: layer keeps only each block's input (residuals_) and
   // recomputes the block's activations right before its backward.
   bool recompute_;
+  // memory.offload_checkpoints on a backend whose host memory is apart (cuda): each layer
+  // input is copied out to host_inputs_ as the forward makes it and back one layer ahead in
+  // the backward, so only two stay on the device (residuals_ then holds two buffers, used in
+  // turn) and the recomputed block's unused output goes to recompute_out_ (docs/memory.md).
+  bool offload_moves_;
   Buffer tokens_, targets_;  // [B, T] i32
   std::vector<Buffer>
       residuals_;  // n_layers + 1 × [R, C]: input of each block, then the last output
+  std::vector<Buffer> host_inputs_;  // offload_moves_: n_layers × [R, C], checkpoints_host
+  Buffer recompute_out_;
+  std::vector<int64_t> offloaded_;  // the transfer that copies out each layer's input
+  int64_t last_transfer_ = 0;
   std::vector<BlockActivations> acts_;  // per block, or one set shared by all when recomputing
   Buffer final_norm_out_, final_mean_, final_rstd_;
   BlockScratch scratch_;

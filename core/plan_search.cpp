@@ -61,9 +61,7 @@ std::vector<OptionSet> option_ladder(const Config& config, int world_size) {
   if (chunks.back() > 1)
     add("head chunks " + std::to_string(chunks.back()),
         "parallel.head_chunks=" + std::to_string(chunks.back()));
-  // On cuda the trainer refuses offload until pinned copies on a side stream exist
-  // (docs/memory.md): the planner offers only what the trainer runs.
-  if (config.device == "cpu") add("offload", "memory.offload_checkpoints=true");
+  add("offload", "memory.offload_checkpoints=true");
   return ladder;
 }
 

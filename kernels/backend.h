@@ -69,6 +69,19 @@ class Backend {
     ::operator delete(pointer, std::align_val_t(64));
   }
 
+  // ---- offloaded layer inputs (memory.offload_checkpoints, docs/memory.md) -------------
+  // Whether host memory is apart from the backend's (cuda): only then do offloaded layer
+  // inputs move out and back. Buffers of category checkpoints_host are host staging memory.
+  virtual bool host_memory_is_separate() const { return false; }
+  // Copies src to dst (same bytes; one of them a checkpoints_host buffer) beside the compute:
+  // the copy starts once the ops enqueued so far are done. Ops enqueued after
+  // wait_transfer(ticket) see it, and every earlier one, finished. This default copies at once.
+  virtual int64_t transfer(const Tensor& dst, const Tensor& src) {
+    copy(dst, src);
+    return ++transfers_issued_;
+  }
+  virtual void wait_transfer(int64_t /*ticket*/) {}
+
   // ---- data movement -------------------------------------------------------------------
   virtual void upload(const Tensor& dst, const void* host_src) = 0;
   virtual void download(void* host_dst, const Tensor& src) = 0;
@@ -162,6 +175,7 @@ class Backend {
 
  private:
   MemoryTracker memory_;
+  int64_t transfers_issued_ = 0;
   Profiler profiler_;
 };
 

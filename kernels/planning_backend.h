@@ -24,6 +24,8 @@ class PlanningBackend final : public Backend {
   // Whether a cuDNN workspace was charged at its bound (docs/memory.md, "The planner").
   bool used_workspace_bound() const { return used_workspace_bound_; }
 
+  // As the planned backend: on cuda offloaded layer inputs move, and two stay on the device.
+  bool host_memory_is_separate() const override { return kind_ == BackendKind::cuda; }
   void* raw_alloc(size_t bytes) override;
   void raw_free(void* pointer) override;
 

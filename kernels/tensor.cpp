@@ -121,7 +121,9 @@ Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
     return;
   }
   try {
-    view_.data = backend_->raw_alloc(bytes);
+    // Offloaded layer inputs live in host memory the device copies fastest (pinned on cuda).
+    view_.data = category_ == MemCategory::checkpoints_host ? backend_->host_staging_alloc(bytes)
+                                                            : backend_->raw_alloc(bytes);
   } catch (...) {
     backend_->memory().release(category_, int64_t(bytes));
     throw;
@@ -134,7 +136,12 @@ Buffer::~Buffer() {
 
 void Buffer::reset() {
   if (backend_ && view_.data) {
-    if (!planned_only_) backend_->raw_free(view_.data);
+    if (!planned_only_) {
+      if (category_ == MemCategory::checkpoints_host)
+        backend_->host_staging_free(view_.data);
+      else
+        backend_->raw_free(view_.data);
+    }
     backend_->memory().release(category_, int64_t(view_.bytes()));
   }
   view_ = Tensor();

@@ -502,11 +502,13 @@ TEST(Config, MlpTilesFollowTheSetting) {
   EXPECT_EQ(mlp_tiles(memory, 1000, 64, 256, 2), 8);
 }
 
-TEST(Config, OffloadIsRefusedOnCudaUntilItIsBuilt) {
-  const std::string message = config_error(
-      "device: cuda\nmemory:\n  activation_checkpointing: layer\n  offload_checkpoints: true\n");
-  EXPECT_TRUE(contains(message, "memory.offload_checkpoints")) << message;
-  EXPECT_TRUE(contains(message, "not built for device: cuda yet")) << message;
+TEST(Config, OffloadIsAcceptedOnCudaAndNeedsLayerCheckpointing) {
+  EXPECT_NO_THROW(parse_config(
+      "device: cuda\nmemory:\n  activation_checkpointing: layer\n  offload_checkpoints: true\n", {},
+      "c.yaml"));
+  const std::string message = config_error("device: cuda\nmemory:\n  offload_checkpoints: true\n");
+  EXPECT_TRUE(contains(message, "offloads the layer inputs that layer checkpointing keeps"))
+      << message;
 }
 
 }  // namespace

@@ -10,6 +10,11 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int64_t memory_limit_bytes = 0) : Backend(memory_limit_bytes) {}
 
+  // Makes offloaded layer inputs move out and back as on a device backend (docs/memory.md),
+  // so that schedule is run and tested on machines without a GPU.
+  void treat_host_memory_as_separate() { separate_host_memory_ = true; }
+  bool host_memory_is_separate() const override { return separate_host_memory_; }
+
   std::string name() const override { return "cpu"; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cpu); }
   void set_num_threads(int threads) override;
@@ -69,6 +74,9 @@ class CpuBackend final : public Backend {
 
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const AdamWStep& step) override;
+
+ private:
+  bool separate_host_memory_ = false;
 };
 
 }  // namespace ulysses

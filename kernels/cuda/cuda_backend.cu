@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cuda_column_sums.cuh"
 #include "kernels/cuda/cuda_timeline.cuh"
+#include "kernels/cuda/cuda_transfers.cuh"
 #include "kernels/cuda/cudnn_attention.h"
 
 namespace ulysses {
@@ -123,6 +124,7 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind a
                              cublasLtGetStatusString(lt_status));
   }
   gemm_workspace_ = cublaslt_workspace(*this);
+  transfers_ = std::make_unique<CudaTransfers>(stream_);
   timeline_ = std::make_unique<CudaTimeline>(stream_);
   profiler().set_device_timeline(timeline_.get());
 #ifdef ULYSSES_WITH_CUDNN
@@ -142,6 +144,7 @@ CudaBackend::~CudaBackend() {
   }
   profiler().set_device_timeline(nullptr);
   timeline_.reset();
+  transfers_.reset();
   gemm_workspace_.reset();
   cudnn_attention_.reset();
   cudaStreamSynchronize(stream_);
@@ -192,6 +195,17 @@ void* CudaBackend::host_staging_alloc(size_t bytes) {
 void CudaBackend::host_staging_free(void* pointer) {
   // Runs in destructors, so it must not throw; a failure stays sticky for the next checked call.
   (void)cudaFreeHost(pointer);
+}
+
+int64_t CudaBackend::transfer(const Tensor& dst, const Tensor& src) {
+  if (dst.bytes() != src.bytes())
+    throw std::invalid_argument("transfer: " + std::to_string(src.bytes()) + " bytes into " +
+                                std::to_string(dst.bytes()));
+  return transfers_->copy(dst.data, src.data, src.bytes());
+}
+
+void CudaBackend::wait_transfer(int64_t ticket) {
+  transfers_->wait(ticket);
 }
 
 // ---- data movement -----------------------------------------------------------------------

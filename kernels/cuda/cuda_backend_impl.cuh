@@ -18,6 +18,7 @@ namespace ulysses {
 
 class CudnnAttention;
 class CudaTimeline;
+class CudaTransfers;
 
 class CudaBackend final : public Backend {
  public:
@@ -36,6 +37,11 @@ class CudaBackend final : public Backend {
   void raw_free(void* pointer) override;
   void* host_staging_alloc(size_t bytes) override;
   void host_staging_free(void* pointer) override;
+
+  // Offloaded layer inputs move between the device and pinned host memory on a side stream.
+  bool host_memory_is_separate() const override { return true; }
+  int64_t transfer(const Tensor& dst, const Tensor& src) override;
+  void wait_transfer(int64_t ticket) override;
 
   void upload(const Tensor& dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
@@ -118,6 +124,7 @@ class CudaBackend final : public Backend {
   std::map<GemmKey, GemmPlan> gemm_plans_;
   std::unique_ptr<CudnnAttention> cudnn_attention_;  // kernels.attention: cudnn only
   std::unique_ptr<CudaTimeline> timeline_;           // the trace's device track
+  std::unique_ptr<CudaTransfers> transfers_;         // memory.offload_checkpoints
 };
 
 }  // namespace ulysses

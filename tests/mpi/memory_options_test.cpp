@@ -2,16 +2,20 @@
 // and 4 ranks: head chunks (UPipe) cut the attention peak to about 1/U, a tiled MLP cuts the
 // MLP peak by the tile count and gives the untiled results, and with everything on
 // (ZeRO-3, layer checkpointing, offloaded layer inputs, one head per stage, tiled MLP) the
-// device memory of a step does not grow with the number of layers.
+// device memory of a step does not grow with the number of layers. Offloaded inputs that move
+// (as on cuda; run here on a cpu backend told that its host memory is apart) give the same
+// bits and leave two layer inputs on the device.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "core/config.h"
 #include "core/trainer.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"
 #include "tests/mpi/trainer_testing.h"
@@ -21,9 +25,11 @@ namespace {
 
 class MemoryOptions : public testing::MpiTest {
  protected:
-  // The tracked peaks of one training step.
-  MemoryStats step_peaks(const Config& config) {
-    auto backend = make_backend("cpu", 0);
+  // The tracked peaks of one training step. separate_host: the offloaded layer inputs move
+  // out and back as on a device backend (docs/memory.md).
+  MemoryStats step_peaks(const Config& config, bool separate_host = false) {
+    auto backend = std::make_unique<CpuBackend>(0);
+    if (separate_host) backend->treat_host_memory_as_separate();
     backend->set_num_threads(1);
     Mesh mesh = make_mesh(world(), config.parallel.sp);
     Trainer trainer(config, *backend, mesh);
@@ -141,6 +147,32 @@ TEST_F(MemoryOptions, WithEverythingOnTheDeviceHoldsTheSameForAnyDepth) {
   EXPECT_EQ(peak(by_depth[4], MemCategory::checkpoints_host) -
                 peak(by_depth[2], MemCategory::checkpoints_host),
             2 * layer_input);
+}
+
+// The inputs copied out as the forward makes them and back one layer ahead in backward: two
+// stay on the device whatever the depth, the host holds one per layer, and training gives the
+// bits of the run that keeps them all on the device. A copy brought back into the wrong slot,
+// or waited for too late on a device, would change the losses.
+TEST_F(MemoryOptions, OffloadThatMovesKeepsTwoInputsOnTheDeviceAndTheSameBits) {
+  const int P = world().size();
+  const int64_t layer_input = 2 * (256 / P) * 128 * 4;
+  for (int layers : {1, 3}) {
+    Config config = wide_config("llama", 4, layers, P);
+    config.memory.offload_checkpoints = true;
+    const MemoryStats moved = step_peaks(config, true);
+    EXPECT_EQ(peak(moved, MemCategory::checkpoints), 2 * layer_input);
+    EXPECT_EQ(peak(moved, MemCategory::checkpoints_host), layers * layer_input);
+
+    CpuBackend separate(0);
+    separate.treat_host_memory_as_separate();
+    separate.set_num_threads(1);
+    const testing::TrainingOutcome offloaded = testing::train_on(separate, config, world(), 3);
+    config.memory.offload_checkpoints = false;
+    const testing::TrainingOutcome kept = testing::train_for(config, world(), 3);
+    EXPECT_EQ(offloaded.losses, kept.losses) << layers << " layers";
+    EXPECT_EQ(offloaded.grad_norms, kept.grad_norms) << layers << " layers";
+    EXPECT_EQ(offloaded.params, kept.params) << layers << " layers";
+  }
 }
 
 }  // namespace
