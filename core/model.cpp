@@ -47,7 +47,7 @@ int64_t bucket_elements(double bucket_mb) {
 
 Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world, int64_t batch,
              int64_t seq_local)
-    : model_(config.model),
+    : model_config_(config.model),
       memory_(config.memory),
       backend_(backend),
       table_(config.model),
@@ -60,7 +60,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
                  config.model.head_dim(), config.parallel.head_chunks),
       block_(config.model, config.memory, config.parallel.overlap, backend, attention_),
       recompute_(config.memory.activation_checkpointing == "layer") {
-  const int64_t rows = batch * seq_local, C = model_.d_model;
+  const int64_t rows = batch * seq_local, C = model_config_.d_model;
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");
   targets_ = backend.alloc(MemCategory::activations, DType::i32, {rows}, "targets");
   // memory.offload_checkpoints: the layer inputs live in host memory. On the cpu backend that
@@ -69,15 +69,15 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
                                         : config.memory.offload_checkpoints
                                             ? MemCategory::checkpoints_host
                                             : MemCategory::checkpoints;
-  for (int i = 0; i <= model_.n_layers; ++i)
+  for (int i = 0; i <= model_config_.n_layers; ++i)
     residuals_.push_back(
         backend.alloc(residual_category, backend.compute_dtype(), {rows, C}, "block input"));
-  for (int i = 0; i < (recompute_ ? 1 : model_.n_layers); ++i)
+  for (int i = 0; i < (recompute_ ? 1 : model_config_.n_layers); ++i)
     acts_.push_back(block_.allocate_activations(shape_));
   final_norm_out_ =
       backend.alloc(MemCategory::activations, backend.compute_dtype(), {rows, C}, "final norm");
   final_rstd_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm rstd");
-  if (model_.family == "gpt2")
+  if (model_config_.family == "gpt2")
     final_mean_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm mean");
   scratch_ = block_.allocate_scratch(shape_);
   dresidual_ =
@@ -88,7 +88,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
 void Model::init_weights(uint64_t seed) {
   NormalSampler sampler(seed);
   const float stddev = 0.02f;
-  const float residual_stddev = stddev / std::sqrt(2.0f * float(model_.n_layers));
+  const float residual_stddev = stddev / std::sqrt(2.0f * float(model_config_.n_layers));
   std::vector<float> host(size_t(table_.total_numel()));
   for (const ParamSpec& spec : table_.specs()) {
     float* values = host.data() + spec.offset;
@@ -159,12 +159,13 @@ BlockActivations& Model::activations(int layer) {
 
 std::vector<int> Model::unit_plan(bool backward) const {
   std::vector<int> plan = {unit_of(R::token_embedding)};
-  for (int layer = 0; layer < model_.n_layers; ++layer) plan.push_back(layer_unit(layer));
+  for (int layer = 0; layer < model_config_.n_layers; ++layer) plan.push_back(layer_unit(layer));
   plan.push_back(unit_of(R::final_norm_weight));
   plan.push_back(unit_of(lm_head_role()));
   if (!backward) return plan;
   plan.push_back(unit_of(R::final_norm_weight));
-  for (int layer = model_.n_layers - 1; layer >= 0; --layer) plan.push_back(layer_unit(layer));
+  for (int layer = model_config_.n_layers - 1; layer >= 0; --layer)
+    plan.push_back(layer_unit(layer));
   plan.push_back(unit_of(R::token_embedding));
   return plan;
 }
@@ -179,10 +180,10 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_forward(
-        residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
-        weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
+        residuals_[0].tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
+        tokens_, weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
   }
-  for (int layer = 0; layer < model_.n_layers; ++layer) {
+  for (int layer = 0; layer < model_config_.n_layers; ++layer) {
     weights.take(layer_unit(layer));
     block_.forward(layer_view(layer, false), shape_, residuals_[layer], residuals_[layer + 1],
                    activations(layer), scratch_);
@@ -193,8 +194,8 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
 
 void Model::final_norm_forward() {
   const Tensor& x = residuals_.back().tensor();
-  const float eps = float(model_.norm_eps);
-  if (model_.family == "llama") {
+  const float eps = float(model_config_.norm_eps);
+  if (model_config_.family == "llama") {
     backend_.rmsnorm_forward(final_norm_out_, final_rstd_, x, weight(R::final_norm_weight), eps);
   } else {
     backend_.layernorm_forward(final_norm_out_, final_mean_, final_rstd_, x,
@@ -205,7 +206,7 @@ void Model::final_norm_forward() {
 void Model::final_norm_backward(const Tensor& dhidden) {
   const Tensor& x = residuals_.back().tensor();
   backend_.fill_zero(dresidual_);
-  if (model_.family == "llama") {
+  if (model_config_.family == "llama") {
     backend_.rmsnorm_backward(dresidual_, gradient(R::final_norm_weight), dhidden, x,
                               weight(R::final_norm_weight), final_rstd_);
   } else {
@@ -216,8 +217,8 @@ void Model::final_norm_backward(const Tensor& dhidden) {
 }
 
 double Model::lm_head_flops(bool backward) const {
-  const double forward = 2.0 * double(shape_.batch * shape_.seq_local) * double(model_.d_model) *
-                         double(model_.vocab_size);
+  const double forward = 2.0 * double(shape_.batch * shape_.seq_local) *
+                         double(model_config_.d_model) * double(model_config_.vocab_size);
   return backward ? 3.0 * forward : forward;
 }
 
@@ -244,13 +245,13 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   grads.take(unit_of(R::final_norm_weight));
   final_norm_backward(dhidden_);
 
-  for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
+  for (int layer = model_config_.n_layers - 1; layer >= 0; --layer) {
     weights.take(layer_unit(layer));
     grads.take(layer_unit(layer));
     const LayerTensors layer_weights = layer_view(layer, false);
     // The shared set still holds the last block's activations from the forward pass.
     // Recomputing writes the same bits into residuals_[layer + 1], no longer needed.
-    if (recompute_ && layer != model_.n_layers - 1) {
+    if (recompute_ && layer != model_config_.n_layers - 1) {
       Profiler::Scope recompute(backend_.profiler(), phase::kRecompute, Profiler::Kind::absorbing);
       block_.forward(layer_weights, shape_, residuals_[layer], residuals_[layer + 1], acts_[0],
                      scratch_);
@@ -265,8 +266,8 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_backward(
         gradient(R::token_embedding), gradient(R::position_embedding),
-        dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
-        shape_.pos_offset);
+        dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
+        tokens_, shape_.pos_offset);
   }
   grads.finish();
   weights.finish();
@@ -289,7 +290,7 @@ std::vector<float> Model::logits(const MicroBatch& batch, const std::vector<int6
   weights.take(unit_of(lm_head_role()));
   // One row of logits at a time: the fused loss never holds them (docs/design.md), and a
   // sampler needs only the few rows it draws from.
-  const int64_t vocab = model_.vocab_size;
+  const int64_t vocab = model_config_.vocab_size;
   Buffer row_logits = backend_.alloc(MemCategory::workspace, DType::f32, {1, vocab}, "logits");
   std::vector<float> host(rows.size() * size_t(vocab));
   for (size_t i = 0; i < rows.size(); ++i) {
