@@ -26,11 +26,7 @@ class LocalComm final : public Comm {
 
   CommHandle all_to_all_async(const Tensor& send, const Tensor& recv) override {
     check_all_to_all_args(*this, send, recv);
-    const Stopwatch clock;
-    copy(recv, send);
-    stats_.all_to_all_seconds += clock.seconds();
-    stats_.calls += 1;
-    return completed_request();
+    return copy_as_collective(recv, send, &CommStats::all_to_all_seconds);
   }
 
   CommHandle all_reduce_async(const Tensor& data, ReduceOp) override {
@@ -41,22 +37,14 @@ class LocalComm final : public Comm {
 
   CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp) override {
     check_reduce_scatter_args(*this, send, recv);
-    const Stopwatch clock;
-    copy(recv, send);
-    stats_.reduce_seconds += clock.seconds();
     stats_.reduce_bytes += int64_t(send.bytes());
-    stats_.calls += 1;
-    return completed_request();
+    return copy_as_collective(recv, send, &CommStats::reduce_seconds);
   }
 
   CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override {
     check_all_gather_args(*this, send, recv);
-    const Stopwatch clock;
-    copy(recv, send);
-    stats_.gather_seconds += clock.seconds();
     stats_.gather_bytes += int64_t(send.bytes());
-    stats_.calls += 1;
-    return completed_request();
+    return copy_as_collective(recv, send, &CommStats::gather_seconds);
   }
 
   void all_reduce_host(double*, int count, ReduceOp) override {
@@ -85,6 +73,16 @@ class LocalComm final : public Comm {
   }
 
  private:
+  // A collective of one rank: recv is send, copied now and timed into the `seconds` field.
+  CommHandle copy_as_collective(const Tensor& recv, const Tensor& send,
+                                double CommStats::*seconds) {
+    const Stopwatch clock;
+    copy(recv, send);
+    stats_.*seconds += clock.seconds();
+    stats_.calls += 1;
+    return completed_request();
+  }
+
   void copy(const Tensor& dst, const Tensor& src) {
     if (dst.data == src.data || src.numel() == 0) return;
     if (backend_)
