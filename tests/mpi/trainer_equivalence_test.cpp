@@ -34,21 +34,10 @@ void expect_gradients_match_per_tensor(const Outcome& outcome, const Outcome& re
                                        const std::string& where) {
   double max_grad = 0.0;
   for (float grad : reference.grads) max_grad = std::max(max_grad, double(std::abs(grad)));
-  size_t begin = 0;
-  while (begin < reference.grads.size()) {
-    const std::string& name = reference.names[begin];
-    size_t end = begin;
-    double max_difference = 0.0, max_tensor = 0.0;
-    for (; end < reference.grads.size() && reference.names[end] == name; ++end) {
-      max_difference =
-          std::max(max_difference, double(std::abs(outcome.grads[end] - reference.grads[end])));
-      max_tensor = std::max(max_tensor, double(std::abs(reference.grads[end])));
-    }
-    EXPECT_LE(max_difference, 1e-5 * std::max(max_tensor, 0.01 * max_grad))
-        << where << ": gradient of " << name << " differs by " << max_difference
-        << ", its largest element is " << max_tensor;
-    begin = end;
-  }
+  for (const auto& [name, tensor] : testing::gradient_differences(outcome, reference))
+    EXPECT_LE(tensor.max_difference, 1e-5 * std::max(tensor.max_reference, 0.01 * max_grad))
+        << where << ": gradient of " << name << " differs by " << tensor.max_difference
+        << ", its largest element is " << tensor.max_reference;
 }
 
 void expect_equivalent(const std::string& family, int kv_heads, int sp, Comm& world) {
