@@ -2,7 +2,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -11,6 +10,7 @@
 #include "core/job_errors.h"
 #include "core/plan_report.h"
 #include "core/plan_search.h"
+#include "kernels/stopwatch.h"
 
 namespace ulysses {
 
@@ -47,10 +47,9 @@ void print_longest(const PlanTarget& target, const std::vector<int>& sps, int64_
       continue;
     }
     for (const OptionSet& options : option_ladder(probe.config, target.world_size)) {
-      const auto start = std::chrono::steady_clock::now();
+      const Stopwatch clock;
       const int64_t longest = longest_fitting_seq(target, sp, options, granule * sp);
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double seconds = clock.seconds();
       char line[256];
       std::snprintf(line, sizeof line, "  sp %d  %-70s %12lld tokens  (%.2f s)\n", sp,
                     options.name.c_str(), (long long)longest, seconds);

@@ -1,12 +1,12 @@
 // ulysses-bench-gemm: the machine's measured fp32 GEMM rate through the backend (the
 // denominator of model-FLOP utilisation in scripts/bench-cpu.sh).
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/stopwatch.h"
 
 int main(int argc, char** argv) {
   using namespace ulysses;
@@ -24,10 +24,9 @@ int main(int argc, char** argv) {
   backend->gemm(a, false, b, true, c, 1.0f, 0.0f);  // warm-up
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
+    const Stopwatch clock;
     backend->gemm(a, false, b, true, c, 1.0f, 0.0f);
-    double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double seconds = clock.seconds();
     if (seconds < best) best = seconds;
   }
   double flops = 2.0 * double(size) * double(size) * double(size) / best;

@@ -49,7 +49,7 @@ void linear_backward(Backend& backend, const Tensor& din, bool accumulate_din,
 
 Block::Block(const ModelConfig& model, const MemoryConfig& memory, bool overlap, Backend& backend,
              UlyssesAttention& attention)
-    : model_(model),
+    : model_config_(model),
       memory_(memory),
       overlap_(overlap),
       backend_(backend),
@@ -57,18 +57,21 @@ Block::Block(const ModelConfig& model, const MemoryConfig& memory, bool overlap,
       llama_(model.family == "llama") {}
 
 double Block::qkv_flops(int64_t rows) const {
-  const double width = double(model_.n_heads + 2 * model_.n_kv_heads) * model_.head_dim();
-  return 2.0 * double(rows) * double(model_.d_model) * width;
+  const double width =
+      double(model_config_.n_heads + 2 * model_config_.n_kv_heads) * model_config_.head_dim();
+  return 2.0 * double(rows) * double(model_config_.d_model) * width;
 }
 
 double Block::mlp_flops(int64_t rows) const {
   const int matrices = llama_ ? 3 : 2;
-  return 2.0 * matrices * double(rows) * double(model_.d_model) * double(model_.d_ff);
+  return 2.0 * matrices * double(rows) * double(model_config_.d_model) * double(model_config_.d_ff);
 }
 
 BlockActivations Block::allocate_activations(const BlockShape& shape) const {
-  const int64_t rows = shape.batch * shape.seq_local, C = model_.d_model, F = model_.d_ff;
-  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const int64_t rows = shape.batch * shape.seq_local, C = model_config_.d_model,
+                F = model_config_.d_ff;
+  const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
+                d = model_config_.head_dim();
   const DType dt = backend_.compute_dtype();
   auto act = [&](std::initializer_list<int64_t> dims, const char* what) {
     return backend_.alloc(MemCategory::activations, dt, dims, what);
@@ -113,8 +116,10 @@ BlockActivations Block::allocate_activations(const BlockShape& shape) const {
 }
 
 BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
-  const int64_t rows = shape.batch * shape.seq_local, C = model_.d_model, F = model_.d_ff;
-  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const int64_t rows = shape.batch * shape.seq_local, C = model_config_.d_model,
+                F = model_config_.d_ff;
+  const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
+                d = model_config_.head_dim();
   const DType dt = backend_.compute_dtype();
   auto scratch = [&](std::initializer_list<int64_t> dims, const char* what) {
     return backend_.alloc(MemCategory::workspace, dt, dims, what);
@@ -123,9 +128,9 @@ BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
   s.dnorm = scratch({rows, C}, "d norm output");
   s.dattn = scratch({rows, H * d}, "d attention output");
   if (!staged()) {  // head stages project and reduce per stage instead
-    s.dq = scratch({shape.batch, shape.seq_local, H, d}, "dq");
-    s.dk = scratch({shape.batch, shape.seq_local, Hkv, d}, "dk");
-    s.dv = scratch({shape.batch, shape.seq_local, Hkv, d}, "dv");
+    s.q_or_dq = scratch({shape.batch, shape.seq_local, H, d}, "q or dq");
+    s.k_or_dk = scratch({shape.batch, shape.seq_local, Hkv, d}, "k or dk");
+    s.v_or_dv = scratch({shape.batch, shape.seq_local, Hkv, d}, "v or dv");
   }
   const int64_t tiles = mlp_tiles(rows), tile_rows = (rows + tiles - 1) / tiles;
   auto mlp = [&](const char* what) {
@@ -144,9 +149,9 @@ BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
 void Block::norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                          const Tensor& weight, const Tensor& bias) const {
   if (llama_) {
-    backend_.rmsnorm_forward(out, rstd, x, weight, float(model_.norm_eps));
+    backend_.rmsnorm_forward(out, rstd, x, weight, float(model_config_.norm_eps));
   } else {
-    backend_.layernorm_forward(out, mean, rstd, x, weight, bias, float(model_.norm_eps));
+    backend_.layernorm_forward(out, mean, rstd, x, weight, bias, float(model_config_.norm_eps));
   }
 }
 
@@ -163,9 +168,10 @@ void Block::norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor&
 void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor& x,
                     const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const {
   const int64_t rows = shape.batch * shape.seq_local;
-  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
+                d = model_config_.head_dim();
   const QkvTensors qkv = qkv_tensors(w, H * d, Hkv * d);
-  const float theta = float(model_.rope_theta);
+  const float theta = float(model_config_.rope_theta);
 
   // attention: x -> norm1 -> q, k, v -> (RoPE) -> Ulysses attention -> o_proj, + x
   Profiler& profiler = backend_.profiler();
@@ -176,16 +182,17 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
                              acts.attn_out, acts.attention.lse);
   } else if (overlap_) {
     // Async Ulysses: each projection's all-to-all travels while the next one computes.
-    const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
-    const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
-    const Tensor& v = acts.v.empty() ? scratch.dv.tensor() : acts.v.tensor();
+    const Tensor& q = acts.q.empty() ? scratch.q_or_dq.tensor() : acts.q.tensor();
+    const Tensor& k = acts.k.empty() ? scratch.k_or_dk.tensor() : acts.k.tensor();
+    const Tensor& v = acts.v.empty() ? scratch.v_or_dv.tensor() : acts.v.tensor();
     attention_.check_forward(q, k, v, acts.attn_out);
     acts.attention = AttentionState();
     using Input = UlyssesAttention::Input;
     auto project = [&](const Tensor& out, int64_t heads, const Tensor& weight, const Tensor& bias,
                        bool rope) {
-      Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-                                 2.0 * double(rows) * double(model_.d_model) * double(heads * d));
+      Profiler::Scope projection(
+          profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+          2.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
       linear_forward(backend_, out.reshape({rows, heads * d}), acts.norm1, weight, bias);
       if (rope) backend_.rope(out, shape.pos_offset, theta, false);
     };
@@ -200,9 +207,9 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
     attention_.finish(v_exchange);
     attention_.finish_forward(acts.attn_out, acts.attention);
   } else {
-    const Tensor& q = acts.q.empty() ? scratch.dq.tensor() : acts.q.tensor();
-    const Tensor& k = acts.k.empty() ? scratch.dk.tensor() : acts.k.tensor();
-    const Tensor& v = acts.v.empty() ? scratch.dv.tensor() : acts.v.tensor();
+    const Tensor& q = acts.q.empty() ? scratch.q_or_dq.tensor() : acts.q.tensor();
+    const Tensor& k = acts.k.empty() ? scratch.k_or_dk.tensor() : acts.k.tensor();
+    const Tensor& v = acts.v.empty() ? scratch.v_or_dv.tensor() : acts.v.tensor();
     {
       Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
                                  qkv_flops(rows));
@@ -219,7 +226,7 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
   backend_.copy(acts.mid, x);
   {
     Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                               2.0 * double(rows) * double(H * d) * double(model_.d_model));
+                               2.0 * double(rows) * double(H * d) * double(model_config_.d_model));
     backend_.gemm(acts.attn_out.tensor().reshape({rows, H * d}), false, w[R::o_weight], true,
                   acts.mid, 1.0f, 1.0f);
     if (!w[R::o_bias].empty()) backend_.bias_forward(acts.mid, w[R::o_bias]);
@@ -256,7 +263,8 @@ void Block::recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuff
 }
 
 int64_t Block::mlp_tiles(int64_t rows) const {
-  return ulysses::mlp_tiles(memory_, rows, model_.d_model, model_.d_ff, llama_ ? 3 : 2);
+  return ulysses::mlp_tiles(memory_, rows, model_config_.d_model, model_config_.d_ff,
+                            llama_ ? 3 : 2);
 }
 
 Block::MlpBuffers Block::scratch_tile(const BlockScratch& s, int64_t rows) const {
@@ -296,10 +304,11 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
                      const Tensor& x, BlockActivations& acts, BlockScratch& s,
                      const Tensor& dresidual) const {
   const int64_t rows = shape.batch * shape.seq_local;
-  const int64_t H = model_.n_heads, Hkv = model_.n_kv_heads, d = model_.head_dim();
+  const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
+                d = model_config_.head_dim();
   const QkvTensors qkv = qkv_tensors(w, H * d, Hkv * d);
   const QkvTensors dqkv = qkv_tensors(g, H * d, Hkv * d);
-  const float theta = float(model_.rope_theta);
+  const float theta = float(model_config_.rope_theta);
 
   Profiler& profiler = backend_.profiler();
   // MLP: dresidual is d(out); s.dnorm gets d(norm2 output).
@@ -330,8 +339,9 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
 
   // attention
   const Tensor dattn = s.dattn.tensor().reshape({shape.batch, shape.seq_local, H, d});
+  Buffer &dq = s.q_or_dq, &dk = s.k_or_dk, &dv = s.v_or_dv;
   const Tensor attn_out = acts.attn_out.tensor().reshape({rows, H * d});
-  const double o_flops = 2.0 * double(rows) * double(H * d) * double(model_.d_model);
+  const double o_flops = 2.0 * double(rows) * double(H * d) * double(model_config_.d_model);
   if (overlap_ && !staged()) {
     // dO's all-to-all travels while the output projection's weight gradient is computed, and
     // each of dq, dk, dv is waited for only where its projection's backward needs it.
@@ -343,7 +353,7 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
                                  o_flops);
       backend_.gemm(dresidual, false, w[R::o_weight], false, s.dattn, 1.0f, 0.0f);
     }
-    attention_.check_backward(dattn, acts.attention, s.dq, s.dk, s.dv);
+    attention_.check_backward(dattn, acts.attention, dq, dk, dv);
     dout_exchange = attention_.start_backward(dattn, grads);
     {
       Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
@@ -352,23 +362,24 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
       if (!g[R::o_bias].empty()) backend_.bias_backward(g[R::o_bias], dresidual);
     }
     attention_.finish(dout_exchange);
-    attention_.compute_backward(acts.attention, grads, s.dq, s.dk, s.dv);
-    HeadExchange dq_exchange = attention_.start_gradient(Input::q, grads, s.dq);
-    HeadExchange dk_exchange = attention_.start_gradient(Input::k, grads, s.dk);
-    HeadExchange dv_exchange = attention_.start_gradient(Input::v, grads, s.dv);
+    attention_.compute_backward(acts.attention, grads, dq, dk, dv);
+    HeadExchange dq_exchange = attention_.start_gradient(Input::q, grads, dq);
+    HeadExchange dk_exchange = attention_.start_gradient(Input::k, grads, dk);
+    HeadExchange dv_exchange = attention_.start_gradient(Input::v, grads, dv);
     auto project_backward = [&](HeadExchange& exchange, const Tensor& dx, int64_t heads,
                                 bool accumulate, const Tensor& dweight, const Tensor& dbias,
                                 const Tensor& weight, bool rope) {
       attention_.finish(exchange);
       if (rope) backend_.rope(dx, shape.pos_offset, theta, true);
-      Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-                                 4.0 * double(rows) * double(model_.d_model) * double(heads * d));
+      Profiler::Scope projection(
+          profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+          4.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
       linear_backward(backend_, s.dnorm, accumulate, dweight, dbias, dx.reshape({rows, heads * d}),
                       acts.norm1, weight);
     };
-    project_backward(dq_exchange, s.dq, H, false, dqkv.wq, dqkv.bq, qkv.wq, llama_);
-    project_backward(dk_exchange, s.dk, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, llama_);
-    project_backward(dv_exchange, s.dv, Hkv, true, dqkv.wv, dqkv.bv, qkv.wv, false);
+    project_backward(dq_exchange, dq, H, false, dqkv.wq, dqkv.bq, qkv.wq, llama_);
+    project_backward(dk_exchange, dk, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, llama_);
+    project_backward(dv_exchange, dv, Hkv, true, dqkv.wv, dqkv.bv, qkv.wv, false);
   } else if (staged()) {
     {
       Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
@@ -386,19 +397,19 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
       linear_backward(backend_, s.dattn, false, g[R::o_weight], g[R::o_bias], dresidual, attn_out,
                       w[R::o_weight]);
     }
-    attention_.backward(dattn, acts.attention, s.dq, s.dk, s.dv);
+    attention_.backward(dattn, acts.attention, dq, dk, dv);
     if (llama_) {
-      backend_.rope(s.dq, shape.pos_offset, theta, true);
-      backend_.rope(s.dk, shape.pos_offset, theta, true);
+      backend_.rope(dq, shape.pos_offset, theta, true);
+      backend_.rope(dk, shape.pos_offset, theta, true);
     }
     Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
                                2.0 * qkv_flops(rows));
-    linear_backward(backend_, s.dnorm, false, dqkv.wq, dqkv.bq,
-                    s.dq.tensor().reshape({rows, H * d}), acts.norm1, qkv.wq);
-    linear_backward(backend_, s.dnorm, true, dqkv.wk, dqkv.bk,
-                    s.dk.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wk);
-    linear_backward(backend_, s.dnorm, true, dqkv.wv, dqkv.bv,
-                    s.dv.tensor().reshape({rows, Hkv * d}), acts.norm1, qkv.wv);
+    linear_backward(backend_, s.dnorm, false, dqkv.wq, dqkv.bq, dq.tensor().reshape({rows, H * d}),
+                    acts.norm1, qkv.wq);
+    linear_backward(backend_, s.dnorm, true, dqkv.wk, dqkv.bk, dk.tensor().reshape({rows, Hkv * d}),
+                    acts.norm1, qkv.wk);
+    linear_backward(backend_, s.dnorm, true, dqkv.wv, dqkv.bv, dv.tensor().reshape({rows, Hkv * d}),
+                    acts.norm1, qkv.wv);
   }
   norm_backward(dresidual, g[R::attn_norm_weight], g[R::attn_norm_bias], s.dnorm, x,
                 w[R::attn_norm_weight], acts.mean1, acts.rstd1);

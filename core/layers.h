@@ -52,9 +52,11 @@ struct BlockShape {
 // Scratch reused by every block: the backward's gradients, and with sp > 1 the forward's
 // local q/k/v too (attention keeps its own head-split copies, so they are dead after it).
 struct BlockScratch {
-  Buffer dnorm;                     // [R, C]
-  Buffer dattn;                     // [R, H·d]
-  Buffer dq, dk, dv;                // [B, T, H, d], [B, T, Hkv, d]
+  Buffer dnorm;  // [R, C]
+  Buffer dattn;  // [R, H·d]
+  // [B, T, H, d], [B, T, Hkv, d]: in forward the local q, k, v when the activations do not
+  // keep them (sp > 1); in backward their gradients.
+  Buffer q_or_dq, k_or_dk, v_or_dv;
   Buffer dff_a, dff_b;              // [R, F], or [tile, F] with memory.tiled_mlp
   Buffer tile_a, tile_b, tile_out;  // memory.tiled_mlp: one tile's ff_a, ff_b, ff_out
 };
@@ -104,7 +106,7 @@ class Block {
                      const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                      const Tensor& rstd) const;
 
-  const ModelConfig& model_;
+  const ModelConfig& model_config_;
   const MemoryConfig& memory_;
   bool overlap_;
   Backend& backend_;

@@ -47,7 +47,7 @@ int64_t bucket_elements(double bucket_mb) {
 
 Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world, int64_t batch,
              int64_t seq_local)
-    : model_(config.model),
+    : model_config_(config.model),
       memory_(config.memory),
       backend_(backend),
       table_(config.model),
@@ -62,7 +62,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
       recompute_(config.memory.activation_checkpointing == "layer"),
       offload_moves_(recompute_ && config.memory.offload_checkpoints &&
                      backend.host_memory_is_separate()) {
-  const int64_t rows = batch * seq_local, C = model_.d_model;
+  const int64_t rows = batch * seq_local, C = model_config_.d_model;
   tokens_ = backend.alloc(MemCategory::activations, DType::i32, {batch, seq_local}, "tokens");
   targets_ = backend.alloc(MemCategory::activations, DType::i32, {rows}, "targets");
   // memory.offload_checkpoints: the layer inputs live in host memory. On the cpu backend that
@@ -71,23 +71,23 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
                                         : config.memory.offload_checkpoints && !offload_moves_
                                             ? MemCategory::checkpoints_host
                                             : MemCategory::checkpoints;
-  for (int i = 0; i < (offload_moves_ ? 2 : model_.n_layers + 1); ++i)
+  for (int i = 0; i < (offload_moves_ ? 2 : model_config_.n_layers + 1); ++i)
     residuals_.push_back(
         backend.alloc(residual_category, backend.compute_dtype(), {rows, C}, "block input"));
   if (offload_moves_) {
-    for (int i = 0; i < model_.n_layers; ++i)
+    for (int i = 0; i < model_config_.n_layers; ++i)
       host_inputs_.push_back(backend.alloc(MemCategory::checkpoints_host, backend.compute_dtype(),
                                            {rows, C}, "offloaded block input"));
     recompute_out_ = backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C},
                                    "recomputed block output");
-    offloaded_.assign(size_t(model_.n_layers), 0);
+    offloaded_.assign(size_t(model_config_.n_layers), 0);
   }
-  for (int i = 0; i < (recompute_ ? 1 : model_.n_layers); ++i)
+  for (int i = 0; i < (recompute_ ? 1 : model_config_.n_layers); ++i)
     acts_.push_back(block_.allocate_activations(shape_));
   final_norm_out_ =
       backend.alloc(MemCategory::activations, backend.compute_dtype(), {rows, C}, "final norm");
   final_rstd_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm rstd");
-  if (model_.family == "gpt2")
+  if (model_config_.family == "gpt2")
     final_mean_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm mean");
   scratch_ = block_.allocate_scratch(shape_);
   dresidual_ =
@@ -98,7 +98,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
 void Model::init_weights(uint64_t seed) {
   NormalSampler sampler(seed);
   const float stddev = 0.02f;
-  const float residual_stddev = stddev / std::sqrt(2.0f * float(model_.n_layers));
+  const float residual_stddev = stddev / std::sqrt(2.0f * float(model_config_.n_layers));
   std::vector<float> host(size_t(table_.total_numel()));
   for (const ParamSpec& spec : table_.specs()) {
     float* values = host.data() + spec.offset;
@@ -169,12 +169,13 @@ BlockActivations& Model::activations(int layer) {
 
 std::vector<int> Model::unit_plan(bool backward) const {
   std::vector<int> plan = {unit_of(R::token_embedding)};
-  for (int layer = 0; layer < model_.n_layers; ++layer) plan.push_back(layer_unit(layer));
+  for (int layer = 0; layer < model_config_.n_layers; ++layer) plan.push_back(layer_unit(layer));
   plan.push_back(unit_of(R::final_norm_weight));
   plan.push_back(unit_of(lm_head_role()));
   if (!backward) return plan;
   plan.push_back(unit_of(R::final_norm_weight));
-  for (int layer = model_.n_layers - 1; layer >= 0; --layer) plan.push_back(layer_unit(layer));
+  for (int layer = model_config_.n_layers - 1; layer >= 0; --layer)
+    plan.push_back(layer_unit(layer));
   plan.push_back(unit_of(R::token_embedding));
   return plan;
 }
@@ -195,18 +196,18 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_forward(
-        block_input(0).tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
-        weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
+        block_input(0).tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
+        tokens_, weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
   }
   if (offload_moves_)
     offloaded_[0] = last_transfer_ = backend_.transfer(host_inputs_[0], block_input(0));
-  for (int layer = 0; layer < model_.n_layers; ++layer) {
+  for (int layer = 0; layer < model_config_.n_layers; ++layer) {
     weights.take(layer_unit(layer));
     // The output goes where the input of layer - 1 was: its copy out must be done.
     if (offload_moves_ && layer >= 1) backend_.wait_transfer(offloaded_[size_t(layer - 1)]);
     block_.forward(layer_view(layer, false), shape_, block_input(layer), block_input(layer + 1),
                    activations(layer), scratch_);
-    if (offload_moves_ && layer + 1 < model_.n_layers)
+    if (offload_moves_ && layer + 1 < model_config_.n_layers)
       offloaded_[size_t(layer + 1)] = last_transfer_ =
           backend_.transfer(host_inputs_[size_t(layer + 1)], block_input(layer + 1));
   }
@@ -215,9 +216,9 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
 }
 
 void Model::final_norm_forward() {
-  const Tensor& x = block_input(model_.n_layers).tensor();
-  const float eps = float(model_.norm_eps);
-  if (model_.family == "llama") {
+  const Tensor& x = block_input(model_config_.n_layers).tensor();
+  const float eps = float(model_config_.norm_eps);
+  if (model_config_.family == "llama") {
     backend_.rmsnorm_forward(final_norm_out_, final_rstd_, x, weight(R::final_norm_weight), eps);
   } else {
     backend_.layernorm_forward(final_norm_out_, final_mean_, final_rstd_, x,
@@ -226,9 +227,9 @@ void Model::final_norm_forward() {
 }
 
 void Model::final_norm_backward(const Tensor& dhidden) {
-  const Tensor& x = block_input(model_.n_layers).tensor();
+  const Tensor& x = block_input(model_config_.n_layers).tensor();
   backend_.fill_zero(dresidual_);
-  if (model_.family == "llama") {
+  if (model_config_.family == "llama") {
     backend_.rmsnorm_backward(dresidual_, gradient(R::final_norm_weight), dhidden, x,
                               weight(R::final_norm_weight), final_rstd_);
   } else {
@@ -239,8 +240,8 @@ void Model::final_norm_backward(const Tensor& dhidden) {
 }
 
 double Model::lm_head_flops(bool backward) const {
-  const double forward = 2.0 * double(shape_.batch * shape_.seq_local) * double(model_.d_model) *
-                         double(model_.vocab_size);
+  const double forward = 2.0 * double(shape_.batch * shape_.seq_local) *
+                         double(model_config_.d_model) * double(model_config_.vocab_size);
   return backward ? 3.0 * forward : forward;
 }
 
@@ -268,7 +269,7 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   final_norm_backward(dhidden_);
 
   int64_t input_back = 0;  // offload_moves_: the copy that brings this layer's input back
-  for (int layer = model_.n_layers - 1; layer >= 0; --layer) {
+  for (int layer = model_config_.n_layers - 1; layer >= 0; --layer) {
     weights.take(layer_unit(layer));
     grads.take(layer_unit(layer));
     if (offload_moves_) {
@@ -282,7 +283,7 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     const LayerTensors layer_weights = layer_view(layer, false);
     // The shared set still holds the last block's activations from the forward pass.
     // Recomputing writes the same bits into the block's output, no longer needed.
-    if (recompute_ && layer != model_.n_layers - 1) {
+    if (recompute_ && layer != model_config_.n_layers - 1) {
       Profiler::Scope recompute(backend_.profiler(), phase::kRecompute, Profiler::Kind::absorbing);
       block_.forward(layer_weights, shape_, block_input(layer),
                      offload_moves_ ? recompute_out_ : residuals_[size_t(layer + 1)], acts_[0],
@@ -298,8 +299,8 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_backward(
         gradient(R::token_embedding), gradient(R::position_embedding),
-        dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_.d_model}), tokens_,
-        shape_.pos_offset);
+        dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
+        tokens_, shape_.pos_offset);
   }
   grads.finish();
   weights.finish();
@@ -322,7 +323,7 @@ std::vector<float> Model::logits(const MicroBatch& batch, const std::vector<int6
   weights.take(unit_of(lm_head_role()));
   // One row of logits at a time: the fused loss never holds them (docs/design.md), and a
   // sampler needs only the few rows it draws from.
-  const int64_t vocab = model_.vocab_size;
+  const int64_t vocab = model_config_.vocab_size;
   Buffer row_logits = backend_.alloc(MemCategory::workspace, DType::f32, {1, vocab}, "logits");
   std::vector<float> host(rows.size() * size_t(vocab));
   for (size_t i = 0; i < rows.size(); ++i) {

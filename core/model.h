@@ -89,7 +89,7 @@ class Model {
   void final_norm_forward();
   void final_norm_backward(const Tensor& dhidden);
 
-  const ModelConfig& model_;
+  const ModelConfig& model_config_;
   const MemoryConfig& memory_;
   Backend& backend_;
   ParamTable table_;

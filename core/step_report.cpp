@@ -1,8 +1,9 @@
 #include "core/step_report.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+
+#include "kernels/stopwatch.h"
 
 namespace ulysses {
 
@@ -229,10 +230,9 @@ double measure_all_to_all_gbps(Comm& comm, Backend& backend, int64_t bytes) {
   double best = 0.0;
   for (int repetition = 0; repetition < 3; ++repetition) {
     comm.barrier();
-    const auto start = std::chrono::steady_clock::now();
+    const Stopwatch clock;
     comm.all_to_all(send, recv);
-    double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double seconds = clock.seconds();
     comm.all_reduce_host(&seconds, 1, ReduceOp::max);  // the slowest rank decides
     const double sent = double(elements) * 4.0 / comm.size() * (comm.size() - 1);
     best = std::max(best, sent / seconds / 1e9);

@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -14,16 +13,13 @@
 #include "core/stop_signal.h"
 #include "core/trace_file.h"
 #include "core/weights_io.h"
+#include "kernels/stopwatch.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 std::string format_duration(double seconds) {
   long total = long(std::lround(seconds));
@@ -38,32 +34,11 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-CommStats difference(const CommStats& after, const CommStats& before) {
-  CommStats d;
-  d.all_to_all_bytes = after.all_to_all_bytes - before.all_to_all_bytes;
-  d.all_to_all_seconds = after.all_to_all_seconds - before.all_to_all_seconds;
-  d.reduce_bytes = after.reduce_bytes - before.reduce_bytes;
-  d.reduce_seconds = after.reduce_seconds - before.reduce_seconds;
-  d.gather_bytes = after.gather_bytes - before.gather_bytes;
-  d.gather_seconds = after.gather_seconds - before.gather_seconds;
-  d.calls = after.calls - before.calls;
-  return d;
-}
-
 }  // namespace
 
 CommStats sum_stats(const std::vector<const Comm*>& comms) {
   CommStats total;
-  for (const Comm* comm : comms) {
-    const CommStats& s = comm->stats();
-    total.all_to_all_bytes += s.all_to_all_bytes;
-    total.all_to_all_seconds += s.all_to_all_seconds;
-    total.reduce_bytes += s.reduce_bytes;
-    total.reduce_seconds += s.reduce_seconds;
-    total.gather_bytes += s.gather_bytes;
-    total.gather_seconds += s.gather_seconds;
-    total.calls += s.calls;
-  }
+  for (const Comm* comm : comms) total += comm->stats();
   return total;
 }
 
@@ -172,16 +147,16 @@ void Trainer::resume(const std::string& folder) {
 }
 
 std::string Trainer::save_checkpoint() {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   std::string folder = checkpointer_->save(step_, last_loss_, *model_, *optimizer_);
   if (mesh_.world->rank() == 0)
-    spdlog::info("checkpoint {} written in {:.2f} s", folder, seconds_since(start));
+    spdlog::info("checkpoint {} written in {:.2f} s", folder, clock.seconds());
   return folder;
 }
 
 StepResult Trainer::train_step() {
   const TrainConfig& train = config_.train;
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   Comm& world = *mesh_.world;
   Profiler& profiler = backend_.profiler();
   Profiler::Scope step_scope(profiler, phase::kStep);
@@ -210,7 +185,7 @@ StepResult Trainer::train_step() {
     throw std::runtime_error("the batch of step " + std::to_string(step_ + 1) +
                              " has no token with a target");
   StepResult result = compute_step(micro_batches, counted);
-  result.step_seconds = seconds_since(start);
+  result.step_seconds = clock.seconds();
   return result;
 }
 
@@ -448,7 +423,7 @@ void Trainer::run() {
       trace_ = profiler.take_trace();
       profiler.set_trace(false);
     }
-    CommStats comm = difference(sum_stats(comms), before);
+    CommStats comm = sum_stats(comms) - before;
     double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
     log_step(result, comm, comm_seconds, phases);
     if (config_.log.verdict_every > 0 && step_ % config_.log.verdict_every == 0) {

@@ -1,8 +1,8 @@
 // The ZeRO collectives of one pass of the step over the parameter units, in the order the
-// schedule (core/model.cpp) uses the units (docs/profiling.md, the schedule): weights are
-// gathered ahead of their use (stage 3), gradients are reduced behind it (stages 2-3).
-// With prefetch off (or one slot) each collective is issued and waited for where the unit
-// is needed, as before the schedule existed; the arithmetic is the same either way.
+// schedule (core/model.cpp) uses the units (docs/profiling.md, "The step as one schedule"): weights
+// are gathered ahead of their use (stage 3), gradients are reduced behind it (stages 2-3). With
+// prefetch off (or one slot) each collective is issued and waited for where the unit is needed, as
+// before the schedule existed; the arithmetic is the same either way.
 #pragma once
 
 #include <deque>

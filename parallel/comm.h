@@ -25,15 +25,44 @@ struct CommStats {
   int64_t gather_bytes = 0;  // all-gather, broadcast
   double gather_seconds = 0.0;
   int64_t calls = 0;
+
+  // Field by field: the counters of several communicators together, and what happened
+  // between two readings of one (after - before).
+  CommStats& operator+=(const CommStats& other);
+  CommStats operator-(const CommStats& before) const;
 };
 
-// A pending non-blocking operation.
+// A pending non-blocking operation. A collective cannot be abandoned, so every implementation's
+// destructor calls wait_unless_done(): a handle dropped without wait() waits.
 class CommRequest {
  public:
   virtual ~CommRequest() = default;
-  virtual void wait() = 0;
+  // Completes the operation; later calls return at once.
+  void wait() {
+    if (done_) return;
+    done_ = true;
+    complete();
+  }
+
+ protected:
+  // Destructors cannot throw: a failure seen here is dropped (the collective is over either way).
+  void wait_unless_done() noexcept {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  // For an operation that failed to start: there is nothing to wait for.
+  void mark_done() { done_ = true; }
+
+ private:
+  virtual void complete() = 0;
+  bool done_ = false;
 };
 using CommHandle = std::unique_ptr<CommRequest>;
+
+// The handle of an operation that finished when it was issued (one-rank and planning comms).
+CommHandle completed_request();
 
 class Comm {
  public:
@@ -42,26 +71,28 @@ class Comm {
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;  // "world", "sp", "dp"
 
+  // Each collective is issued non-blocking (the *_async virtuals); its blocking form waits at
+  // once. Both count the same bytes and seconds.
+  //
   // send and recv have equal numel divisible by size(); block j of send goes to rank j,
   // block i of recv comes from rank i.
-  virtual void all_to_all(const Tensor& send, const Tensor& recv) = 0;
   virtual CommHandle all_to_all_async(const Tensor& send, const Tensor& recv) = 0;
-  // Uneven splits: counts and displacements in elements, one per rank.
-  virtual void all_to_all_v(const Tensor& send, const int64_t* send_counts,
-                            const int64_t* send_displs, const Tensor& recv,
-                            const int64_t* recv_counts, const int64_t* recv_displs) = 0;
+  void all_to_all(const Tensor& send, const Tensor& recv) { all_to_all_async(send, recv)->wait(); }
   // In place.
-  virtual void all_reduce(const Tensor& data, ReduceOp op) = 0;
   virtual CommHandle all_reduce_async(const Tensor& data, ReduceOp op) = 0;
-  // Host doubles (loss sums, token counts, norms), summed in place.
-  virtual void all_reduce_host(double* values, int count, ReduceOp op) = 0;
+  void all_reduce(const Tensor& data, ReduceOp op) { all_reduce_async(data, op)->wait(); }
   // send has size()·recv.numel() elements; rank r receives the reduced block r.
-  virtual void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) = 0;
   virtual CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) = 0;
+  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
+    reduce_scatter_async(send, recv, op)->wait();
+  }
   // recv has size()·send.numel() elements, block r from rank r.
-  virtual void all_gather(const Tensor& send, const Tensor& recv) = 0;
   virtual CommHandle all_gather_async(const Tensor& send, const Tensor& recv) = 0;
-  virtual void broadcast(const Tensor& data, int root) = 0;
+  void all_gather(const Tensor& send, const Tensor& recv) { all_gather_async(send, recv)->wait(); }
+
+  // Host values (loss sums, token counts, norms, the job's agreed settings), blocking.
+  // Doubles summed (or maxed) in place.
+  virtual void all_reduce_host(double* values, int count, ReduceOp op) = 0;
   virtual void broadcast_host(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
 

@@ -29,25 +29,6 @@ void check_all_to_all_args(const Comm& comm, const Tensor& send, const Tensor& r
                                 " must have equal element counts divisible by the size");
 }
 
-void check_all_to_all_v_args(const Comm& comm, const Tensor& send, const int64_t* send_counts,
-                             const int64_t* send_displs, const Tensor& recv,
-                             const int64_t* recv_counts, const int64_t* recv_displs) {
-  check_same_dtype(comm, "all_to_all_v", send, recv);
-  for (int r = 0; r < comm.size(); ++r) {
-    bool send_ok = send_counts[r] >= 0 && send_displs[r] >= 0 &&
-                   send_displs[r] + send_counts[r] <= send.numel();
-    bool recv_ok = recv_counts[r] >= 0 && recv_displs[r] >= 0 &&
-                   recv_displs[r] + recv_counts[r] <= recv.numel();
-    if (!send_ok || !recv_ok)
-      throw std::invalid_argument(
-          where(comm, "all_to_all_v") + ": the range for rank " + std::to_string(r) + " (send " +
-          std::to_string(send_displs[r]) + "+" + std::to_string(send_counts[r]) + " of " +
-          std::to_string(send.numel()) + ", recv " + std::to_string(recv_displs[r]) + "+" +
-          std::to_string(recv_counts[r]) + " of " + std::to_string(recv.numel()) +
-          ") is outside its buffer");
-  }
-}
-
 void check_reduce_scatter_args(const Comm& comm, const Tensor& send, const Tensor& recv) {
   check_same_dtype(comm, "reduce_scatter", send, recv);
   if (send.numel() != recv.numel() * comm.size())

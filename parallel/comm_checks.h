@@ -10,10 +10,6 @@ namespace ulysses {
 
 // send and recv: same dtype, equal numel divisible by comm.size().
 void check_all_to_all_args(const Comm& comm, const Tensor& send, const Tensor& recv);
-// One count and displacement per rank, each range inside its buffer.
-void check_all_to_all_v_args(const Comm& comm, const Tensor& send, const int64_t* send_counts,
-                             const int64_t* send_displs, const Tensor& recv,
-                             const int64_t* recv_counts, const int64_t* recv_displs);
 // send has comm.size() · recv.numel() elements of recv's dtype.
 void check_reduce_scatter_args(const Comm& comm, const Tensor& send, const Tensor& recv);
 // recv has comm.size() · send.numel() elements of send's dtype.

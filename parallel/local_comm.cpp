@@ -1,32 +1,21 @@
 #include "parallel/local_comm.h"
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
+#include "kernels/stopwatch.h"
 #include "parallel/comm_checks.h"
 
 namespace ulysses {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// With one rank every collective completes when it is issued.
-class CompletedRequest final : public CommRequest {
- public:
-  void wait() override {}
-};
-
 // One rank: the only peer is itself, so all-to-all and gathers are copies, reductions are
 // no-ops, and nothing is ever sent to another rank (all_to_all_bytes stays 0). reduce_bytes
-// and gather_bytes count the buffer bytes handed in, as MpiComm does.
+// and gather_bytes count the buffer bytes handed in, as MpiComm does. Every collective
+// completes when it is issued.
 class LocalComm final : public Comm {
  public:
   LocalComm(const std::string& name, Backend* backend) : name_(name), backend_(backend) {}
@@ -35,80 +24,31 @@ class LocalComm final : public Comm {
   int size() const override { return 1; }
   const std::string& name() const override { return name_; }
 
-  void all_to_all(const Tensor& send, const Tensor& recv) override {
-    check_all_to_all_args(*this, send, recv);
-    auto start = Clock::now();
-    copy(recv, send);
-    stats_.all_to_all_seconds += seconds_since(start);
-    stats_.calls += 1;
-  }
-
   CommHandle all_to_all_async(const Tensor& send, const Tensor& recv) override {
-    all_to_all(send, recv);
-    return std::make_unique<CompletedRequest>();
+    check_all_to_all_args(*this, send, recv);
+    return copy_as_collective(recv, send, &CommStats::all_to_all_seconds);
   }
 
-  void all_to_all_v(const Tensor& send, const int64_t* send_counts, const int64_t* send_displs,
-                    const Tensor& recv, const int64_t* recv_counts,
-                    const int64_t* recv_displs) override {
-    check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-    if (send_counts[0] != recv_counts[0])
-      throw std::invalid_argument(
-          "all_to_all_v on communicator '" + name_ + "': sends " + std::to_string(send_counts[0]) +
-          " elements to itself but expects " + std::to_string(recv_counts[0]));
-    auto start = Clock::now();
-    copy(recv.flat_range(recv_displs[0], recv_counts[0]),
-         send.flat_range(send_displs[0], send_counts[0]));
-    stats_.all_to_all_seconds += seconds_since(start);
-    stats_.calls += 1;
-  }
-
-  void all_reduce(const Tensor& data, ReduceOp) override {
+  CommHandle all_reduce_async(const Tensor& data, ReduceOp) override {
     stats_.reduce_bytes += int64_t(data.bytes());
     stats_.calls += 1;
+    return completed_request();
   }
 
-  CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override {
-    all_reduce(data, op);
-    return std::make_unique<CompletedRequest>();
+  CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp) override {
+    check_reduce_scatter_args(*this, send, recv);
+    stats_.reduce_bytes += int64_t(send.bytes());
+    return copy_as_collective(recv, send, &CommStats::reduce_seconds);
+  }
+
+  CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override {
+    check_all_gather_args(*this, send, recv);
+    stats_.gather_bytes += int64_t(send.bytes());
+    return copy_as_collective(recv, send, &CommStats::gather_seconds);
   }
 
   void all_reduce_host(double*, int count, ReduceOp) override {
     stats_.reduce_bytes += int64_t(count) * int64_t(sizeof(double));
-    stats_.calls += 1;
-  }
-
-  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp) override {
-    check_reduce_scatter_args(*this, send, recv);
-    auto start = Clock::now();
-    copy(recv, send);
-    stats_.reduce_seconds += seconds_since(start);
-    stats_.reduce_bytes += int64_t(send.bytes());
-    stats_.calls += 1;
-  }
-
-  CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) override {
-    reduce_scatter(send, recv, op);
-    return std::make_unique<CompletedRequest>();
-  }
-
-  void all_gather(const Tensor& send, const Tensor& recv) override {
-    check_all_gather_args(*this, send, recv);
-    auto start = Clock::now();
-    copy(recv, send);
-    stats_.gather_seconds += seconds_since(start);
-    stats_.gather_bytes += int64_t(send.bytes());
-    stats_.calls += 1;
-  }
-
-  CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override {
-    all_gather(send, recv);
-    return std::make_unique<CompletedRequest>();
-  }
-
-  void broadcast(const Tensor& data, int root) override {
-    check_root(*this, root, "broadcast");
-    stats_.gather_bytes += int64_t(data.bytes());
     stats_.calls += 1;
   }
 
@@ -133,6 +73,16 @@ class LocalComm final : public Comm {
   }
 
  private:
+  // A collective of one rank: recv is send, copied now and timed into the `seconds` field.
+  CommHandle copy_as_collective(const Tensor& recv, const Tensor& send,
+                                double CommStats::*seconds) {
+    const Stopwatch clock;
+    copy(recv, send);
+    stats_.*seconds += clock.seconds();
+    stats_.calls += 1;
+    return completed_request();
+  }
+
   void copy(const Tensor& dst, const Tensor& src) {
     if (dst.data == src.data || src.numel() == 0) return;
     if (backend_)

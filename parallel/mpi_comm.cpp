@@ -6,14 +6,13 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/stopwatch.h"
 #include "parallel/comm_checks.h"
 #include "parallel/progress_thread.h"
 #include "parallel/watchdog.h"
@@ -25,12 +24,6 @@ struct MpiComm::Native {
 };
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 void check_mpi(int code, const char* call, const std::string& comm_name) {
   if (code == MPI_SUCCESS) return;
@@ -132,47 +125,35 @@ MPI_Comm native_with_errors_returned(MPI_Comm comm, const std::string& comm_name
 class MpiComm::Request final : public CommRequest {
  public:
   Request(const MpiComm& comm, const char* collective, double* seconds)
-      : comm_(comm), collective_(collective), seconds_(seconds), start_(Clock::now()) {
+      : comm_(comm), collective_(collective), seconds_(seconds) {
     if (comm_.progress_) comm_.progress_->started();
   }
-
-  // MPI does not allow abandoning a collective, so a handle dropped without wait() waits.
-  ~Request() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
-  }
-
-  void wait() override {
-    if (done_) return;
-    done_ = true;
-    int code = MPI_SUCCESS;
-    wait_with_watchdog(
-        comm_.watchdog().get(),
-        [&] {
-          int complete = 0;
-          code = MPI_Testall(int(requests.size()), requests.data(), &complete, MPI_STATUSES_IGNORE);
-          return complete != 0 || code != MPI_SUCCESS;
-        },
-        collective_, comm_.name(), [] { MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode); });
-    if (comm_.progress_) comm_.progress_->finished();
-    for (MPI_Datatype& type : types) MPI_Type_free(&type);
-    if (seconds_) *seconds_ += seconds_since(start_);
-    check_mpi(code, "MPI_Testall", comm_.name());
-  }
+  ~Request() override { wait_unless_done(); }
 
   std::vector<MPI_Request> requests;
   std::vector<MPI_Datatype> types;  // freed once the requests have completed
 
  private:
+  void complete() override {
+    int code = MPI_SUCCESS;
+    wait_with_watchdog(
+        comm_.watchdog().get(),
+        [&] {
+          int finished = 0;
+          code = MPI_Testall(int(requests.size()), requests.data(), &finished, MPI_STATUSES_IGNORE);
+          return finished != 0 || code != MPI_SUCCESS;
+        },
+        collective_, comm_.name(), [] { MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode); });
+    if (comm_.progress_) comm_.progress_->finished();
+    for (MPI_Datatype& type : types) MPI_Type_free(&type);
+    if (seconds_) *seconds_ += clock_.seconds();
+    check_mpi(code, "MPI_Testall", comm_.name());
+  }
+
   const MpiComm& comm_;
   const char* collective_;
   double* seconds_;
-  Clock::time_point start_;
-  bool done_ = false;
+  Stopwatch clock_;  // issue to completion
 };
 
 // ---- MpiSession ----------------------------------------------------------------------------
@@ -264,10 +245,6 @@ void MpiComm::issue_all_to_all(const Tensor& send, const Tensor& recv, Request& 
   });
 }
 
-void MpiComm::all_to_all(const Tensor& send, const Tensor& recv) {
-  all_to_all_async(send, recv)->wait();
-}
-
 CommHandle MpiComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
   check_all_to_all_args(*this, send, recv);
   auto request = std::make_unique<Request>(*this, "all-to-all", &stats_.all_to_all_seconds);
@@ -275,50 +252,6 @@ CommHandle MpiComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
   stats_.all_to_all_bytes += int64_t(send.bytes()) / size_ * (size_ - 1);
   stats_.calls += 1;
   return request;
-}
-
-void MpiComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
-                           const int64_t* send_displs, const Tensor& recv,
-                           const int64_t* recv_counts, const int64_t* recv_displs) {
-  check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-  if (send_counts[rank_] != recv_counts[rank_])
-    throw std::invalid_argument("all_to_all_v on communicator '" + name_ + "': rank " +
-                                std::to_string(rank_) + " sends itself " +
-                                std::to_string(send_counts[rank_]) + " elements but expects " +
-                                std::to_string(recv_counts[rank_]));
-  MPI_Datatype type = mpi_type(send.dtype);
-  MPI_Comm comm = native_->comm;
-  Request request(*this, "all-to-all-v", &stats_.all_to_all_seconds);
-  std::vector<MPI_Request>& requests = request.requests;
-
-  // Point-to-point messages in pieces of at most max_count_ elements, rather than
-  // MPI_Alltoallv: its int counts and displacements could overflow, and whether they do is
-  // known only locally, while every rank must take the same path. Messages between two ranks
-  // arrive in the order they were sent, so the pieces line up.
-  constexpr int kTag = 7001;
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    for_each_chunk(recv_counts[peer], max_count_, [&](int64_t offset, int64_t length) {
-      check_mpi(MPI_Irecv(element_at(recv, recv_displs[peer] + offset), int(length), type, peer,
-                          kTag, comm, &requests.emplace_back()),
-                "MPI_Irecv", name_);
-    });
-  }
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    for_each_chunk(send_counts[peer], max_count_, [&](int64_t offset, int64_t length) {
-      check_mpi(MPI_Isend(element_at(send, send_displs[peer] + offset), int(length), type, peer,
-                          kTag, comm, &requests.emplace_back()),
-                "MPI_Isend", name_);
-    });
-  }
-  std::memcpy(element_at(recv, recv_displs[rank_]), element_at(send, send_displs[rank_]),
-              size_t(send_counts[rank_]) * dtype_size(send.dtype));
-  request.wait();
-
-  for (int r = 0; r < size_; ++r)
-    if (r != rank_) stats_.all_to_all_bytes += send_counts[r] * int64_t(dtype_size(send.dtype));
-  stats_.calls += 1;
 }
 
 // ---- reductions ----------------------------------------------------------------------------
@@ -331,10 +264,6 @@ void MpiComm::issue_all_reduce(const Tensor& data, ReduceOp op, Request& request
                        mpi_op(op, data.dtype), native_->comm, &request.requests.emplace_back()),
         "MPI_Iallreduce", name_);
   });
-}
-
-void MpiComm::all_reduce(const Tensor& data, ReduceOp op) {
-  all_reduce_async(data, op)->wait();
 }
 
 CommHandle MpiComm::all_reduce_async(const Tensor& data, ReduceOp op) {
@@ -379,10 +308,6 @@ void MpiComm::issue_reduce_scatter(const Tensor& send, const Tensor& recv, Reduc
   }
 }
 
-void MpiComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  reduce_scatter_async(send, recv, op)->wait();
-}
-
 CommHandle MpiComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
   check_reduce_scatter_args(*this, send, recv);
   auto request = std::make_unique<Request>(*this, "reduce-scatter", &stats_.reduce_seconds);
@@ -414,10 +339,6 @@ void MpiComm::issue_all_gather(const Tensor& send, const Tensor& recv, Request& 
   });
 }
 
-void MpiComm::all_gather(const Tensor& send, const Tensor& recv) {
-  all_gather_async(send, recv)->wait();
-}
-
 CommHandle MpiComm::all_gather_async(const Tensor& send, const Tensor& recv) {
   check_all_gather_args(*this, send, recv);
   auto request = std::make_unique<Request>(*this, "all-gather", &stats_.gather_seconds);
@@ -427,17 +348,8 @@ CommHandle MpiComm::all_gather_async(const Tensor& send, const Tensor& recv) {
   return request;
 }
 
-void MpiComm::broadcast(const Tensor& data, int root) {
-  check_root(*this, root, "broadcast");
-  broadcast_bytes(data.data, int64_t(data.bytes()), root);
-}
-
 void MpiComm::broadcast_host(void* data, int64_t bytes, int root) {
   check_root(*this, root, "broadcast_host");
-  broadcast_bytes(data, bytes, root);
-}
-
-void MpiComm::broadcast_bytes(void* data, int64_t bytes, int root) {
   Request request(*this, "broadcast", &stats_.gather_seconds);
   for_each_chunk(bytes, max_count_, [&](int64_t offset, int64_t length) {
     check_mpi(MPI_Ibcast(static_cast<char*>(data) + offset, int(length), MPI_BYTE, root,

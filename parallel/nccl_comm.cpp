@@ -3,13 +3,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_timeline.cuh"
+#include "kernels/stopwatch.h"
 #include "parallel/comm_checks.h"
 #include "parallel/watchdog.h"
 
@@ -27,12 +27,6 @@ struct NcclComm::Native {
 };
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 void check_cuda(cudaError_t status, const char* call, const std::string& comm_name) {
   if (status != cudaSuccess)
@@ -72,17 +66,6 @@ char* element_at(const Tensor& tensor, int64_t index) {
   return static_cast<char*>(tensor.data) + index * int64_t(dtype_size(tensor.dtype));
 }
 
-// stats += (after − before) of a host communicator that did the work for us.
-void add_difference(CommStats& stats, const CommStats& before, const CommStats& after) {
-  stats.all_to_all_bytes += after.all_to_all_bytes - before.all_to_all_bytes;
-  stats.all_to_all_seconds += after.all_to_all_seconds - before.all_to_all_seconds;
-  stats.reduce_bytes += after.reduce_bytes - before.reduce_bytes;
-  stats.reduce_seconds += after.reduce_seconds - before.reduce_seconds;
-  stats.gather_bytes += after.gather_bytes - before.gather_bytes;
-  stats.gather_seconds += after.gather_seconds - before.gather_seconds;
-  stats.calls += after.calls - before.calls;
-}
-
 }  // namespace
 
 // Completion of the NCCL calls of one operation: an event on the communicator's stream.
@@ -96,8 +79,7 @@ class NcclComm::Request final : public CommRequest {
         comm_name_(comm_name),
         operation_(operation),
         bytes_(bytes),
-        seconds_(seconds),
-        start_(Clock::now()) {
+        seconds_(seconds) {
     const bool traced = native_.timeline && native_.profiler->tracing();
     check_cuda(
         cudaEventCreateWithFlags(&done_event_, traced ? cudaEventDefault : cudaEventDisableTiming),
@@ -108,14 +90,8 @@ class NcclComm::Request final : public CommRequest {
     }
   }
 
-  // A collective cannot be abandoned: a handle dropped without wait() waits.
   ~Request() override {
-    if (!waited_) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
+    wait_unless_done();
     if (begin_event_) cudaEventDestroy(begin_event_);
     if (done_event_) cudaEventDestroy(done_event_);
   }
@@ -124,11 +100,10 @@ class NcclComm::Request final : public CommRequest {
     check_cuda(cudaEventRecord(done_event_, native_.stream), "cudaEventRecord", comm_name_);
   }
 
+ private:
   // The backend's later ops wait for the result on the device; the host waits too, so that
   // the seconds counted are issue to completion and errors surface here.
-  void wait() override {
-    if (waited_) return;
-    waited_ = true;
+  void complete() override {
     check_cuda(cudaStreamWaitEvent(native_.compute, done_event_, 0), "cudaStreamWaitEvent",
                comm_name_);
     // Polled rather than synchronized, so that the watchdog can end a job whose peer is gone
@@ -146,7 +121,7 @@ class NcclComm::Request final : public CommRequest {
           comm_.host_->abort(kWatchdogExitCode);
         });
     check_cuda(status, "cudaEventQuery", comm_name_);
-    *seconds_ += seconds_since(start_);
+    *seconds_ += clock_.seconds();
     ncclResult_t async_error = ncclSuccess;
     check_nccl(ncclCommGetAsyncError(native_.comm, &async_error), "ncclCommGetAsyncError",
                comm_name_);
@@ -157,17 +132,15 @@ class NcclComm::Request final : public CommRequest {
     }
   }
 
- private:
   NcclComm& comm_;
   const Native& native_;
   std::string comm_name_;
   const char* operation_;
   int64_t bytes_;
   double* seconds_;
-  Clock::time_point start_;
+  Stopwatch clock_;                    // issue to completion
   cudaEvent_t begin_event_ = nullptr;  // only while tracing
   cudaEvent_t done_event_ = nullptr;
-  bool waited_ = false;
 };
 
 NcclComm::NcclComm(std::unique_ptr<Comm> host_comm, Backend& backend)
@@ -245,33 +218,6 @@ CommHandle NcclComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
   return request;
 }
 
-void NcclComm::all_to_all(const Tensor& send, const Tensor& recv) {
-  all_to_all_async(send, recv)->wait();
-}
-
-void NcclComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
-                            const int64_t* send_displs, const Tensor& recv,
-                            const int64_t* recv_counts, const int64_t* recv_displs) {
-  check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-  const ncclDataType_t type = nccl_type(send.dtype);
-  int64_t bytes = 0;
-  for (int peer = 0; peer < size(); ++peer)
-    if (peer != rank()) bytes += send_counts[peer] * int64_t(dtype_size(send.dtype));
-  issue("all_to_all_v", bytes, &stats_.all_to_all_seconds, [&] {
-    for (int peer = 0; peer < size(); ++peer) {
-      if (send_counts[peer] > 0)
-        check_nccl(ncclSend(element_at(send, send_displs[peer]), size_t(send_counts[peer]), type,
-                            peer, native_->comm, native_->stream),
-                   "ncclSend", name());
-      if (recv_counts[peer] > 0)
-        check_nccl(ncclRecv(element_at(recv, recv_displs[peer]), size_t(recv_counts[peer]), type,
-                            peer, native_->comm, native_->stream),
-                   "ncclRecv", name());
-    }
-  })->wait();
-  stats_.all_to_all_bytes += bytes;
-}
-
 // ---- reductions ----------------------------------------------------------------------------
 
 CommHandle NcclComm::all_reduce_async(const Tensor& data, ReduceOp op) {
@@ -284,14 +230,10 @@ CommHandle NcclComm::all_reduce_async(const Tensor& data, ReduceOp op) {
   return request;
 }
 
-void NcclComm::all_reduce(const Tensor& data, ReduceOp op) {
-  all_reduce_async(data, op)->wait();
-}
-
 void NcclComm::all_reduce_host(double* values, int count, ReduceOp op) {
   const CommStats before = host_->stats();
   host_->all_reduce_host(values, count, op);
-  add_difference(stats_, before, host_->stats());
+  stats_ += host_->stats() - before;
 }
 
 CommHandle NcclComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
@@ -303,10 +245,6 @@ CommHandle NcclComm::reduce_scatter_async(const Tensor& send, const Tensor& recv
   });
   stats_.reduce_bytes += int64_t(send.bytes());
   return request;
-}
-
-void NcclComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  reduce_scatter_async(send, recv, op)->wait();
 }
 
 // ---- gathers -------------------------------------------------------------------------------
@@ -322,24 +260,10 @@ CommHandle NcclComm::all_gather_async(const Tensor& send, const Tensor& recv) {
   return request;
 }
 
-void NcclComm::all_gather(const Tensor& send, const Tensor& recv) {
-  all_gather_async(send, recv)->wait();
-}
-
-void NcclComm::broadcast(const Tensor& data, int root) {
-  check_root(*this, root, "broadcast");
-  issue("broadcast", int64_t(data.bytes()), &stats_.gather_seconds, [&] {
-    check_nccl(ncclBroadcast(data.data, data.data, size_t(data.numel()), nccl_type(data.dtype),
-                             root, native_->comm, native_->stream),
-               "ncclBroadcast", name());
-  })->wait();
-  stats_.gather_bytes += int64_t(data.bytes());
-}
-
 void NcclComm::broadcast_host(void* data, int64_t bytes, int root) {
   const CommStats before = host_->stats();
   host_->broadcast_host(data, bytes, root);
-  add_difference(stats_, before, host_->stats());
+  stats_ += host_->stats() - before;
 }
 
 void NcclComm::barrier() {

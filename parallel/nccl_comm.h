@@ -12,12 +12,16 @@
 namespace ulysses {
 
 // A Comm over NCCL for tensors in the device memory of a CUDA backend (f32, bf16 or i32).
-// Collectives run on the communicator's own stream: each is ordered after the work already
-// queued on the backend's stream (an event), and the backend's stream waits for it to finish
-// before its next op (another event), so communication can overlap compute that does not
-// depend on it. Host values (all_reduce_host, broadcast_host), barrier and abort go through
-// the host communicator of the same ranks (an MpiComm). Non-blocking handles must be waited
-// on (or destroyed, which waits) before the buffers they use and this communicator go away.
+// Collectives run on the communicator's own stream, ordered after the work already queued on
+// the backend's stream (an event). Between a *_async call and its wait() the collective
+// overlaps whatever compute is queued or issued meanwhile. wait() then makes the backend's
+// stream wait for the result (another event) and also blocks the host until the collective
+// has finished: the host polls under the watchdog, so that a peer that is gone ends the job
+// and NCCL's errors surface at the call, and the seconds counted are issue to completion. So
+// the host queues no compute past a wait() until the collective is done: issue early, wait
+// late. Host values (all_reduce_host, broadcast_host), barrier and abort go through the host
+// communicator of the same ranks (an MpiComm). Non-blocking handles must be waited on (or
+// destroyed, which waits) before the buffers they use and this communicator go away.
 class NcclComm final : public Comm {
  public:
   struct Native;  // the ncclComm_t and streams; defined where <nccl.h> is included
@@ -33,19 +37,11 @@ class NcclComm final : public Comm {
   int size() const override { return host_->size(); }
   const std::string& name() const override { return host_->name(); }
 
-  void all_to_all(const Tensor& send, const Tensor& recv) override;
   CommHandle all_to_all_async(const Tensor& send, const Tensor& recv) override;
-  void all_to_all_v(const Tensor& send, const int64_t* send_counts, const int64_t* send_displs,
-                    const Tensor& recv, const int64_t* recv_counts,
-                    const int64_t* recv_displs) override;
-  void all_reduce(const Tensor& data, ReduceOp op) override;
   CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override;
-  void all_reduce_host(double* values, int count, ReduceOp op) override;
-  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
   CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) override;
-  void all_gather(const Tensor& send, const Tensor& recv) override;
   CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override;
-  void broadcast(const Tensor& data, int root) override;
+  void all_reduce_host(double* values, int count, ReduceOp op) override;
   void broadcast_host(void* data, int64_t bytes, int root) override;
   void barrier() override;
 

@@ -7,15 +7,6 @@
 
 namespace ulysses {
 
-namespace {
-
-class CompletedRequest final : public CommRequest {
- public:
-  void wait() override {}
-};
-
-}  // namespace
-
 PlanningComm::PlanningComm(int size, int rank, const std::string& name)
     : size_(size), rank_(rank), name_(name) {
   if (size < 1 || rank < 0 || rank >= size)
@@ -28,67 +19,36 @@ void PlanningComm::count_call(int64_t bytes) {
   stats_.calls += 1;
 }
 
-void PlanningComm::all_to_all(const Tensor& send, const Tensor& recv) {
+CommHandle PlanningComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
   check_all_to_all_args(*this, send, recv);
   stats_.all_to_all_bytes += int64_t(send.bytes()) / size_ * (size_ - 1);
   count_call(int64_t(send.bytes() + recv.bytes()));
+  return completed_request();
 }
 
-CommHandle PlanningComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
-  all_to_all(send, recv);
-  return std::make_unique<CompletedRequest>();
-}
-
-void PlanningComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
-                                const int64_t* send_displs, const Tensor& recv,
-                                const int64_t* recv_counts, const int64_t* recv_displs) {
-  check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-  for (int r = 0; r < size_; ++r)
-    if (r != rank_) stats_.all_to_all_bytes += send_counts[r] * int64_t(dtype_size(send.dtype));
-  count_call(int64_t(send.bytes() + recv.bytes()));
-}
-
-void PlanningComm::all_reduce(const Tensor& data, ReduceOp) {
+CommHandle PlanningComm::all_reduce_async(const Tensor& data, ReduceOp) {
   stats_.reduce_bytes += int64_t(data.bytes());
   count_call(int64_t(data.bytes()));
+  return completed_request();
 }
 
-CommHandle PlanningComm::all_reduce_async(const Tensor& data, ReduceOp op) {
-  all_reduce(data, op);
-  return std::make_unique<CompletedRequest>();
+CommHandle PlanningComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp) {
+  check_reduce_scatter_args(*this, send, recv);
+  stats_.reduce_bytes += int64_t(send.bytes());
+  count_call(int64_t(send.bytes() + recv.bytes()));
+  return completed_request();
+}
+
+CommHandle PlanningComm::all_gather_async(const Tensor& send, const Tensor& recv) {
+  check_all_gather_args(*this, send, recv);
+  stats_.gather_bytes += int64_t(send.bytes());
+  count_call(int64_t(send.bytes() + recv.bytes()));
+  return completed_request();
 }
 
 void PlanningComm::all_reduce_host(double*, int count, ReduceOp) {
   stats_.reduce_bytes += int64_t(count) * int64_t(sizeof(double));
   stats_.calls += 1;
-}
-
-void PlanningComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp) {
-  check_reduce_scatter_args(*this, send, recv);
-  stats_.reduce_bytes += int64_t(send.bytes());
-  count_call(int64_t(send.bytes() + recv.bytes()));
-}
-
-CommHandle PlanningComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  reduce_scatter(send, recv, op);
-  return std::make_unique<CompletedRequest>();
-}
-
-void PlanningComm::all_gather(const Tensor& send, const Tensor& recv) {
-  check_all_gather_args(*this, send, recv);
-  stats_.gather_bytes += int64_t(send.bytes());
-  count_call(int64_t(send.bytes() + recv.bytes()));
-}
-
-CommHandle PlanningComm::all_gather_async(const Tensor& send, const Tensor& recv) {
-  all_gather(send, recv);
-  return std::make_unique<CompletedRequest>();
-}
-
-void PlanningComm::broadcast(const Tensor& data, int root) {
-  check_root(*this, root, "broadcast");
-  stats_.gather_bytes += int64_t(data.bytes());
-  count_call(int64_t(data.bytes()));
 }
 
 void PlanningComm::broadcast_host(void*, int64_t bytes, int root) {

@@ -23,19 +23,11 @@ class PlanningComm final : public Comm {
   // through host memory holds at once (parallel/staged_comm.h).
   int64_t largest_call_bytes() const { return largest_call_bytes_; }
 
-  void all_to_all(const Tensor& send, const Tensor& recv) override;
   CommHandle all_to_all_async(const Tensor& send, const Tensor& recv) override;
-  void all_to_all_v(const Tensor& send, const int64_t* send_counts, const int64_t* send_displs,
-                    const Tensor& recv, const int64_t* recv_counts,
-                    const int64_t* recv_displs) override;
-  void all_reduce(const Tensor& data, ReduceOp op) override;
   CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override;
-  void all_reduce_host(double* values, int count, ReduceOp op) override;
-  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
   CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) override;
-  void all_gather(const Tensor& send, const Tensor& recv) override;
   CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override;
-  void broadcast(const Tensor& data, int root) override;
+  void all_reduce_host(double* values, int count, ReduceOp op) override;
   void broadcast_host(void* data, int64_t bytes, int root) override;
   void barrier() override {}
   // A planned mesh is built whole (make_planning_mesh): nothing splits a planning comm.

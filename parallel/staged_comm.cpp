@@ -1,18 +1,16 @@
 #include "parallel/staged_comm.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <utility>
 
+#include "kernels/stopwatch.h"
 #include "parallel/comm_checks.h"
 
 namespace ulysses {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // New blocks are rounded up to this, so that slightly different sizes reuse one block.
 constexpr size_t kBlockGranule = size_t(1) << 20;
@@ -62,54 +60,42 @@ size_t StagingPool::held_bytes() const {
 class StagedComm::Request final : public CommRequest {
  public:
   Request(StagedComm& comm, std::vector<Staged> staged, std::vector<Tensor> host,
-          double CommStats::*seconds, Clock::time_point start)
+          double CommStats::*seconds, const Stopwatch& clock)
       : comm_(comm),
         staged_(std::move(staged)),
         host_(std::move(host)),
         seconds_(seconds),
-        start_(start) {}
+        clock_(clock) {}
+  ~Request() override { wait_unless_done(); }
 
-  // A collective cannot be abandoned, so a handle dropped without wait() waits.
-  ~Request() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
+  // After the host operation failed to start: nothing to wait for or upload.
+  void abandon() {
+    mark_done();
+    for (const Tensor& view : host_) comm_.pool_.release(view.data);
   }
 
-  void wait() override {
-    if (done_) return;
-    done_ = true;
+  CommHandle host_handle;  // the host operation
+
+ private:
+  void complete() override {
     std::exception_ptr failure;
     try {
-      if (host_handle) host_handle->wait();
+      host_handle->wait();
       for (size_t i = 0; i < staged_.size(); ++i)
         if (staged_[i].upload) comm_.backend_.upload(staged_[i].device, host_[i].data);
     } catch (...) {
       failure = std::current_exception();
     }
     for (const Tensor& view : host_) comm_.pool_.release(view.data);
-    comm_.stats_.*seconds_ += std::chrono::duration<double>(Clock::now() - start_).count();
+    comm_.stats_.*seconds_ += clock_.seconds();
     if (failure) std::rethrow_exception(failure);
   }
 
-  // After the host operation failed to start: nothing to wait for or upload.
-  void abandon() {
-    done_ = true;
-    for (const Tensor& view : host_) comm_.pool_.release(view.data);
-  }
-
-  CommHandle host_handle;  // the host operation, when it is non-blocking
-
- private:
   StagedComm& comm_;
   std::vector<Staged> staged_;
   std::vector<Tensor> host_;  // staging views, one per staged tensor
   double CommStats::*seconds_;
-  Clock::time_point start_;
-  bool done_ = false;
+  Stopwatch clock_;  // started at issue, before the downloads
 };
 
 // An all-to-all in pieces: piece j holds the same slice [offset, offset + count) of every
@@ -126,22 +112,13 @@ class StagedComm::PipelinedAllToAll final : public CommRequest {
   };
 
   PipelinedAllToAll(StagedComm& comm, const Tensor& recv, int64_t block)
-      : comm_(comm), recv_(recv), block_(block), start_(Clock::now()) {}
-
-  ~PipelinedAllToAll() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
-  }
+      : comm_(comm), recv_(recv), block_(block) {}
+  ~PipelinedAllToAll() override { wait_unless_done(); }
 
   void add(Piece piece) { pieces_.push_back(std::move(piece)); }
 
-  void wait() override {
-    if (done_) return;
-    done_ = true;
+ private:
+  void complete() override {
     std::exception_ptr failure;
     const int64_t element = int64_t(dtype_size(recv_.dtype));
     for (Piece& piece : pieces_) {
@@ -159,17 +136,15 @@ class StagedComm::PipelinedAllToAll final : public CommRequest {
       comm_.pool_.release(piece.send);
       comm_.pool_.release(piece.recv);
     }
-    comm_.stats_.all_to_all_seconds += std::chrono::duration<double>(Clock::now() - start_).count();
+    comm_.stats_.all_to_all_seconds += clock_.seconds();
     if (failure) std::rethrow_exception(failure);
   }
 
- private:
   StagedComm& comm_;
   Tensor recv_;
   int64_t block_;
-  Clock::time_point start_;
+  Stopwatch clock_;
   std::vector<Piece> pieces_;
-  bool done_ = false;
 };
 
 // ---- StagedComm ----------------------------------------------------------------------------
@@ -193,7 +168,7 @@ StagedComm::~StagedComm() = default;
 template <typename HostOp>
 std::unique_ptr<StagedComm::Request> StagedComm::issue(std::vector<Staged> staged,
                                                        double CommStats::*seconds, HostOp host_op) {
-  const auto start = Clock::now();
+  const Stopwatch clock;
   std::vector<Tensor> host;
   try {
     for (const Staged& entry : staged) {
@@ -206,7 +181,7 @@ std::unique_ptr<StagedComm::Request> StagedComm::issue(std::vector<Staged> stage
     for (const Tensor& view : host) pool_.release(view.data);
     throw;
   }
-  auto request = std::make_unique<Request>(*this, std::move(staged), host, seconds, start);
+  auto request = std::make_unique<Request>(*this, std::move(staged), host, seconds, clock);
   const CommStats before = host_->stats();
   try {
     request->host_handle = host_op(host);
@@ -214,16 +189,11 @@ std::unique_ptr<StagedComm::Request> StagedComm::issue(std::vector<Staged> stage
     request->abandon();
     throw;
   }
-  const CommStats& after = host_->stats();
-  stats_.all_to_all_bytes += after.all_to_all_bytes - before.all_to_all_bytes;
-  stats_.reduce_bytes += after.reduce_bytes - before.reduce_bytes;
-  stats_.gather_bytes += after.gather_bytes - before.gather_bytes;
-  stats_.calls += after.calls - before.calls;
+  // The bytes and calls of the host operation; its seconds are counted by wait(), copies included.
+  CommStats sent = host_->stats() - before;
+  sent.all_to_all_seconds = sent.reduce_seconds = sent.gather_seconds = 0.0;
+  stats_ += sent;
   return request;
-}
-
-void StagedComm::all_to_all(const Tensor& send, const Tensor& recv) {
-  all_to_all_async(send, recv)->wait();
 }
 
 CommHandle StagedComm::all_to_all_async(const Tensor& send, const Tensor& recv) {
@@ -260,39 +230,17 @@ CommHandle StagedComm::all_to_all_async(const Tensor& send, const Tensor& recv) 
       [&](const std::vector<Tensor>& host) { return host_->all_to_all_async(host[0], host[1]); });
 }
 
-void StagedComm::all_to_all_v(const Tensor& send, const int64_t* send_counts,
-                              const int64_t* send_displs, const Tensor& recv,
-                              const int64_t* recv_counts, const int64_t* recv_displs) {
-  check_all_to_all_v_args(*this, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-  // recv is uploaded whole, so its gaps must hold what they held before.
-  issue({{send, true, false}, {recv, true, true}}, &CommStats::all_to_all_seconds,
-        [&](const std::vector<Tensor>& host) {
-          host_->all_to_all_v(host[0], send_counts, send_displs, host[1], recv_counts, recv_displs);
-          return CommHandle();
-        })
-      ->wait();
-}
-
-void StagedComm::all_reduce(const Tensor& data, ReduceOp op) {
-  all_reduce_async(data, op)->wait();
-}
-
 CommHandle StagedComm::all_reduce_async(const Tensor& data, ReduceOp op) {
   return issue(
       {{data, true, true}}, &CommStats::reduce_seconds,
       [&](const std::vector<Tensor>& host) { return host_->all_reduce_async(host[0], op); });
 }
 
+// Host values go straight through host_comm; what it counts is counted here too.
 void StagedComm::all_reduce_host(double* values, int count, ReduceOp op) {
   const CommStats before = host_->stats();
   host_->all_reduce_host(values, count, op);
-  stats_.reduce_bytes += host_->stats().reduce_bytes - before.reduce_bytes;
-  stats_.reduce_seconds += host_->stats().reduce_seconds - before.reduce_seconds;
-  stats_.calls += 1;
-}
-
-void StagedComm::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  reduce_scatter_async(send, recv, op)->wait();
+  stats_ += host_->stats() - before;
 }
 
 CommHandle StagedComm::reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
@@ -303,10 +251,6 @@ CommHandle StagedComm::reduce_scatter_async(const Tensor& send, const Tensor& re
                });
 }
 
-void StagedComm::all_gather(const Tensor& send, const Tensor& recv) {
-  all_gather_async(send, recv)->wait();
-}
-
 CommHandle StagedComm::all_gather_async(const Tensor& send, const Tensor& recv) {
   check_all_gather_args(*this, send, recv);
   return issue(
@@ -314,28 +258,16 @@ CommHandle StagedComm::all_gather_async(const Tensor& send, const Tensor& recv) 
       [&](const std::vector<Tensor>& host) { return host_->all_gather_async(host[0], host[1]); });
 }
 
-void StagedComm::broadcast(const Tensor& data, int root) {
-  check_root(*this, root, "broadcast");
-  const bool is_root = rank() == root;
-  issue({{data, is_root, !is_root}}, &CommStats::gather_seconds,
-        [&](const std::vector<Tensor>& host) {
-          host_->broadcast(host[0], root);
-          return CommHandle();
-        })
-      ->wait();
-}
-
 void StagedComm::broadcast_host(void* data, int64_t bytes, int root) {
   const CommStats before = host_->stats();
   host_->broadcast_host(data, bytes, root);
-  stats_.gather_bytes += host_->stats().gather_bytes - before.gather_bytes;
-  stats_.gather_seconds += host_->stats().gather_seconds - before.gather_seconds;
-  stats_.calls += 1;
+  stats_ += host_->stats() - before;
 }
 
 void StagedComm::barrier() {
+  const CommStats before = host_->stats();
   host_->barrier();
-  stats_.calls += 1;
+  stats_ += host_->stats() - before;
 }
 
 std::unique_ptr<Comm> StagedComm::split(int color, int key, const std::string& name) {

@@ -55,19 +55,11 @@ class StagedComm final : public Comm {
   int size() const override { return host_->size(); }
   const std::string& name() const override { return host_->name(); }
 
-  void all_to_all(const Tensor& send, const Tensor& recv) override;
   CommHandle all_to_all_async(const Tensor& send, const Tensor& recv) override;
-  void all_to_all_v(const Tensor& send, const int64_t* send_counts, const int64_t* send_displs,
-                    const Tensor& recv, const int64_t* recv_counts,
-                    const int64_t* recv_displs) override;
-  void all_reduce(const Tensor& data, ReduceOp op) override;
   CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override;
-  void all_reduce_host(double* values, int count, ReduceOp op) override;
-  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
   CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) override;
-  void all_gather(const Tensor& send, const Tensor& recv) override;
   CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override;
-  void broadcast(const Tensor& data, int root) override;
+  void all_reduce_host(double* values, int count, ReduceOp op) override;
   void broadcast_host(void* data, int64_t bytes, int root) override;
   void barrier() override;
 
@@ -95,8 +87,8 @@ class StagedComm final : public Comm {
 
   // Gives every staged tensor a block (downloading the inputs), runs host_op on the host views
   // (in the same order) and returns the pending operation; its wait() waits for the handle
-  // host_op returned (none for a blocking call), uploads the outputs and adds the seconds
-  // from issue to completion to the `seconds` field of stats_.
+  // host_op returned, uploads the outputs and adds the seconds from issue to completion to
+  // the `seconds` field of stats_.
   template <typename HostOp>
   std::unique_ptr<Request> issue(std::vector<Staged> staged, double CommStats::*seconds,
                                  HostOp host_op);

@@ -1,5 +1,5 @@
-// Ulysses sequence-parallel attention (docs/parallelism.md, DeepSpeed-Ulysses): each rank of an SP
-// group of P ranks holds Tl = N/P tokens of a sequence with all heads; an all-to-all turns
+// Ulysses sequence-parallel attention (docs/parallelism.md, "The layout transforms"): each rank of
+// an SP group of P ranks holds Tl = N/P tokens of a sequence with all heads; an all-to-all turns
 // that into all N tokens for H/P heads, the backend's local causal attention runs on them,
 // and a second all-to-all turns the output back. Backward mirrors it.
 #pragma once

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "kernels/stopwatch.h"
+
 namespace ulysses {
 
 Watchdog::Watchdog(double timeout_s, int world_rank)
@@ -49,12 +51,11 @@ void Watchdog::report_timeout(const std::string& collective, const std::string& 
 void wait_with_watchdog(const Watchdog* watchdog, const std::function<bool()>& done,
                         const std::string& collective, const std::string& comm_name,
                         const std::function<void()>& on_timeout) {
-  using Clock = std::chrono::steady_clock;
   const double limit = watchdog ? watchdog->limit_seconds() : 0.0;
-  const auto start = Clock::now();
+  const Stopwatch clock;
   while (!done()) {
     if (limit > 0.0) {
-      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      const double waited = clock.seconds();
       if (waited > limit) {
         watchdog->report_timeout(collective, comm_name, waited);
         on_timeout();

@@ -74,17 +74,10 @@ class ZeroState::Pending final : public CommRequest {
         bytes_(bytes),
         issued_at_(state.backend_.profiler().now()),
         after_(std::move(after)) {}
-  ~Pending() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
-  }
-  void wait() override {
-    if (done_) return;
-    done_ = true;
+  ~Pending() override { wait_unless_done(); }
+
+ private:
+  void complete() override {
     Profiler& profiler = state_.backend_.profiler();
     {
       Profiler::Scope wait(profiler, wait_phase_, Profiler::Kind::communication, bytes_);
@@ -94,7 +87,6 @@ class ZeroState::Pending final : public CommRequest {
     if (after_) after_();
   }
 
- private:
   ZeroState& state_;
   CommHandle inner_;
   const char* wait_phase_;
@@ -102,7 +94,6 @@ class ZeroState::Pending final : public CommRequest {
   int64_t bytes_;
   double issued_at_;
   std::function<void()> after_;
-  bool done_ = false;
 };
 
 int ZeroState::slot_of(const std::vector<int>& tags, int unit) {

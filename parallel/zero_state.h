@@ -1,8 +1,8 @@
 // The training state that ZeRO shards over the whole dp×sp world (docs/memory.md, ZeRO): weights,
 // gradients and the f32 master weights the optimizer updates, held whole or as this
 // rank's shard depending on the stage, and the collectives that move between the two,
-// started by the step's schedule and returned as handles (docs/profiling.md, the schedule).
-// It knows flat buffers and units only (parallel/shard_layout.h), nothing of a model.
+// started by the step's schedule and returned as handles (docs/profiling.md, "The step as one
+// schedule"). It knows flat buffers and units only (parallel/shard_layout.h), nothing of a model.
 //
 //   stage  weights for compute     gradients                        master weights (f32)
 //   0      whole                   whole, all-reduced               whole (= the weights)

@@ -2,6 +2,7 @@
 // pruning, SIGKILL at any moment, SIGTERM preemption.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -302,6 +303,26 @@ TEST(CheckpointDir, UncreatableFolderIsRefusedBeforeTheFirstStep) {
 // Kills the trainer with SIGKILL at many moments (including inside checkpoint writes,
 // which happen every step) and checks that --resume auto always finds an intact
 // checkpoint and finishes with the same losses as an uninterrupted run.
+// A killed run leaves no torn checkpoint (docs/checkpoints.md): a step folder appears only by
+// renaming a complete one, so every step folder verifies, and `latest` only ever names one.
+void expect_no_torn_checkpoint(const std::string& ckpt, const std::string& where) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(ckpt, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step_", 0) == 0)
+      EXPECT_NO_THROW(verify_checkpoint(entry.path().string())) << where << ": " << name;
+  }
+  const std::string latest = ckpt + "/" + kCheckpointLatestFile;
+  if (!fs::exists(latest)) return;
+  std::string named = testing::read_text_file(latest);
+  named.erase(std::remove(named.begin(), named.end(), '\n'), named.end());
+  EXPECT_NO_THROW(verify_checkpoint(ckpt + "/" + named)) << where << ": latest names " << named;
+}
+
+// The kill test's 41 runs take one thread each: ctest runs tests side by side, and OpenMP
+// threads that outnumber the free cores wait on each other.
+const std::string kOneThread = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
+
 TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
   TempDir dir;
   const std::string data =
@@ -309,7 +330,7 @@ TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
   const int steps = 30;
   testing::write_text_file(dir.file("ref.yaml"), config_yaml("llama", data, dir.file("ref_ckpt"),
                                                              dir.file("ref.jsonl"), steps));
-  auto reference_run = run_command(kTrain + " --config " + dir.file("ref.yaml"));
+  auto reference_run = run_command(kOneThread + kTrain + " --config " + dir.file("ref.yaml"));
   ASSERT_EQ(reference_run.exit_code, 0) << reference_run.output;
   std::vector<double> reference = testing::read_step_losses(dir.file("ref.jsonl"));
   ASSERT_EQ(reference.size(), size_t(steps));
@@ -322,16 +343,20 @@ TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
     double seconds = 0.05 + 0.045 * trial;
     char kill_after[32];
     std::snprintf(kill_after, sizeof kill_after, "%.3f", seconds);
-    auto killed = run_command("timeout -s KILL " + std::string(kill_after) + " " + kTrain +
-                              " --config " + dir.file("c.yaml"));
-    std::string found = find_latest_checkpoint(ckpt);
-    if (!found.empty()) EXPECT_NO_THROW(verify_checkpoint(found)) << found;
+    auto killed = run_command(kOneThread + "timeout -s KILL " + std::string(kill_after) + " " +
+                              kTrain + " --config " + dir.file("c.yaml"));
+    expect_no_torn_checkpoint(ckpt, "trial " + std::to_string(trial));
+    const std::string found = find_latest_checkpoint(ckpt);
     fs::remove(metrics);
-    auto resumed = run_command(kTrain + " --config " + dir.file("c.yaml") + " --resume auto");
+    auto resumed =
+        run_command(kOneThread + kTrain + " --config " + dir.file("c.yaml") + " --resume auto");
     ASSERT_EQ(resumed.exit_code, 0) << "trial " << trial << "\n" << resumed.output;
     std::vector<double> losses = testing::read_step_losses(metrics);
     ASSERT_LE(losses.size(), size_t(steps));
     const size_t first = size_t(steps) - losses.size();
+    // It went on from the newest intact checkpoint (from scratch when there was none).
+    EXPECT_EQ(found, first == 0 ? "" : ckpt + "/" + checkpoint_folder_name(int64_t(first)))
+        << "trial " << trial;
     for (size_t i = 0; i < losses.size(); ++i)
       EXPECT_EQ(losses[i], reference[first + i]) << "trial " << trial << " step " << first + i + 1;
   }

@@ -23,16 +23,10 @@ class HeadChunks : public testing::MpiTest {};
 // Per tensor: max |a - b| / max |b|.
 std::map<std::string, double> per_tensor_difference(const testing::TrainingOutcome& value,
                                                     const testing::TrainingOutcome& reference) {
-  std::map<std::string, double> max_difference, max_reference;
-  for (size_t i = 0; i < reference.grads.size(); ++i) {
-    const std::string& name = reference.names[i];
-    max_difference[name] =
-        std::max(max_difference[name], double(std::abs(value.grads[i] - reference.grads[i])));
-    max_reference[name] = std::max(max_reference[name], double(std::abs(reference.grads[i])));
-  }
   std::map<std::string, double> relative;
-  for (const auto& [name, difference] : max_difference)
-    relative[name] = max_reference[name] > 0 ? difference / max_reference[name] : difference;
+  for (const auto& [name, tensor] : testing::gradient_differences(value, reference))
+    relative[name] = tensor.max_reference > 0 ? tensor.max_difference / tensor.max_reference
+                                              : tensor.max_difference;
   return relative;
 }
 

@@ -64,6 +64,18 @@ std::vector<TraceSpan> traced_step(const Config& config, Comm& world) {
   return profiler.take_trace();
 }
 
+std::map<std::string, TensorDifference> gradient_differences(const TrainingOutcome& value,
+                                                             const TrainingOutcome& reference) {
+  std::map<std::string, TensorDifference> by_tensor;
+  for (size_t i = 0; i < reference.grads.size(); ++i) {
+    TensorDifference& tensor = by_tensor[reference.names[i]];
+    tensor.max_difference =
+        std::max(tensor.max_difference, double(std::abs(value.grads[i] - reference.grads[i])));
+    tensor.max_reference = std::max(tensor.max_reference, double(std::abs(reference.grads[i])));
+  }
+  return by_tensor;
+}
+
 double max_relative_difference(const std::vector<float>& value,
                                const std::vector<float>& reference) {
   double max_difference = 0.0, max_reference = 0.0;

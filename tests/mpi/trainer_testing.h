@@ -2,6 +2,7 @@
 // recall task, trained for a few steps, with everything a comparison needs gathered whole.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,15 @@ TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, in
 
 // The profiler's spans of one training step (cpu backend, one thread).
 std::vector<TraceSpan> traced_step(const Config& config, Comm& world);
+
+// Per parameter tensor of the last step's gradients: max |value - reference| and
+// max |reference| over its elements.
+struct TensorDifference {
+  double max_difference = 0.0;
+  double max_reference = 0.0;
+};
+std::map<std::string, TensorDifference> gradient_differences(const TrainingOutcome& value,
+                                                             const TrainingOutcome& reference);
 
 // max |a - b| / max |reference| over the elements.
 double max_relative_difference(const std::vector<float>& value,

@@ -6,6 +6,8 @@
 
 #include <array>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "core/config.h"
 #include "core/trainer.h"
@@ -30,20 +32,31 @@ struct Setup {
   double bucket_mb;
 };
 
-// Against stage 0 without checkpointing.
+constexpr int kSteps = 5;
+
+// Stage 0 without checkpointing: the run every stage and setup is compared with. It depends
+// on the family and sp only, so each is trained once per process and kept for the later
+// tests (every rank runs the tests in the same order, so every rank trains the same ones).
+const TrainingOutcome& replicated_run(const std::string& family, int sp, Comm& world) {
+  static std::map<std::pair<std::string, int>, TrainingOutcome> runs;
+  auto [entry, added] = runs.try_emplace({family, sp});
+  if (added)
+    entry->second =
+        testing::train_for(testing::tiny_training_config(family, 4, sp, 2), world, kSteps);
+  return entry->second;
+}
+
 void expect_stage_matches(const std::string& family, int stage, const Setup& setup, Comm& world) {
-  Config replicated = testing::tiny_training_config(family, 4, setup.sp, 2);
-  Config sharded = replicated;
+  Config sharded = testing::tiny_training_config(family, 4, setup.sp, 2);
   sharded.memory.activation_checkpointing = setup.checkpointing;
   sharded.parallel.bucket_mb = setup.bucket_mb;
   sharded.parallel.zero_stage = stage;
-  const int steps = 5;
-  TrainingOutcome a = testing::train_for(replicated, world, steps);
-  TrainingOutcome b = testing::train_for(sharded, world, steps);
+  const TrainingOutcome& a = replicated_run(family, setup.sp, world);
+  TrainingOutcome b = testing::train_for(sharded, world, kSteps);
   const std::string where = family + " stage " + std::to_string(stage) + " sp " +
                             std::to_string(setup.sp) + " " + setup.checkpointing + " bucket " +
                             std::to_string(setup.bucket_mb);
-  for (int i = 0; i < steps; ++i) {
+  for (int i = 0; i < kSteps; ++i) {
     EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i]))
         << where << " step " << i + 1;
     EXPECT_NEAR(b.grad_norms[i], a.grad_norms[i], 1e-6 * a.grad_norms[i])
