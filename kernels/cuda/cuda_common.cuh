@@ -1,5 +1,5 @@
-// Helpers shared by the CUDA backend's sources: status checks that throw, dtype checks that
-// name the op and tensor, element conversions and launch sizes.
+// Helpers shared by the CUDA backend's host code: status checks that throw and dtype checks
+// that name the op and tensor. The device environment is kernels/cuda/cuda_device.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,11 +9,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/cuda_device.cuh"
 #include "kernels/tensor.h"
 
 namespace ulysses::cuda {
-
-using bf16 = __nv_bfloat16;
 
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
@@ -84,38 +83,6 @@ void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
     throw std::invalid_argument(std::string(op) + ": unsupported dtype " + dtype_name(t.dtype) +
                                 " (f32 or bf16)");
   }
-}
-
-// The block's dynamic shared memory (its size is the launch's third parameter).
-__device__ __forceinline__ unsigned char* dynamic_shared_memory() {
-  extern __shared__ __align__(16) unsigned char shared[];
-  return shared;
-}
-
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-__device__ __forceinline__ float to_float(bf16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ bf16 from_float<bf16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-constexpr int kThreads = 256;
-
-// Blocks for a grid-stride loop over n elements; capped, since the loop covers the rest.
-inline unsigned blocks_for(int64_t n, int threads = kThreads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
 }
 
 }  // namespace ulysses::cuda
