@@ -10,9 +10,15 @@
 #include <string>
 
 #include "kernels/cuda/cuda_device.cuh"
+#include "kernels/shape_checks.h"
 #include "kernels/tensor.h"
 
 namespace ulysses::cuda {
+
+// Shape checks with the messages every backend shares (kernels/shape_checks.h).
+using shape_checks::require_ndim;
+using shape_checks::require_numel;
+using shape_checks::rows_of;
 
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
@@ -50,26 +56,6 @@ inline void require_same_dtype(const Tensor& t, const Tensor& like, const char* 
     throw std::invalid_argument(std::string(op) + ": " + name + " (" + describe(t) +
                                 ") must have the dtype of " + like_name + " (" + describe(like) +
                                 ")");
-}
-
-inline void require_numel(const Tensor& t, int64_t numel, const char* op, const char* name) {
-  if (t.numel() != numel)
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() + " has " +
-                                std::to_string(t.numel()) + " elements, expected " +
-                                std::to_string(numel));
-}
-
-inline void require_ndim(const Tensor& t, int ndim, const char* op, const char* name) {
-  if (t.ndim != ndim)
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
-                                " must be " + std::to_string(ndim) + "-D");
-}
-
-inline int64_t rows_of(const Tensor& t, int64_t width, const char* op, const char* name) {
-  if (width <= 0 || t.numel() % width != 0)
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
-                                " is not a whole number of rows of width " + std::to_string(width));
-  return t.numel() / width;
 }
 
 // Calls fn(T{}) with T = float or bf16 after the tensor's dtype.
