@@ -1,10 +1,11 @@
 // Arithmetic that both backends need, written once: the AdamW scalars and update (PyTorch
-// semantics), and the GELU (tanh approximation) and SiLU derivatives. Plain C++ that nvcc also
-// compiles for the device (ULYSSES_HOST_DEVICE), so kernels/cpu and kernels/cuda use the same
-// lines.
+// semantics), the GELU (tanh approximation) and SiLU derivatives, and the RoPE angles. Plain C++
+// that nvcc also compiles for the device (ULYSSES_HOST_DEVICE), so kernels/cpu and kernels/cuda use
+// the same lines.
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/backend.h"
 
@@ -73,6 +74,17 @@ ULYSSES_HOST_DEVICE inline float gelu_derivative_from_tanh(float x, float tanh_a
 // silu'(g) = s (1 + g (1 − s)), given the sigmoid s of g (each backend has its own exp).
 ULYSSES_HOST_DEVICE inline float silu_derivative_from_sigmoid(float g, float sigmoid) {
   return sigmoid * (1.0f + g * (1.0f - sigmoid));
+}
+
+// RoPE's frequency of pair i in a head of `dim`: theta^(−2i/d). Angles are formed in double:
+// positions reach millions, where a float angle would lose whole radians.
+ULYSSES_HOST_DEVICE inline double rope_frequency(double theta, int64_t i, int64_t dim) {
+  return pow(theta, -2.0 * double(i) / double(dim));
+}
+
+// The angle at `position`; sign −1 turns the other way (the inverse rotation, the backward).
+ULYSSES_HOST_DEVICE inline double rope_angle(double sign, int64_t position, double frequency) {
+  return sign * double(position) * frequency;
 }
 
 }  // namespace ulysses::formulas

@@ -150,12 +150,11 @@ void CpuBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inv
   const double sign = inverse ? -1.0 : 1.0;
   std::vector<double> frequency(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    frequency[size_t(i)] = std::pow(double(theta), -2.0 * double(i) / double(dim));
+    frequency[size_t(i)] = formulas::rope_frequency(double(theta), i, dim);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < seq_len; ++t) {
-    const double position = double(pos_offset + t);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = sign * position * frequency[size_t(i)];
+      const double angle = formulas::rope_angle(sign, pos_offset + t, frequency[size_t(i)]);
       cos_table[t * half + i] = float(std::cos(angle));
       sin_table[t * half + i] = float(std::sin(angle));
     }

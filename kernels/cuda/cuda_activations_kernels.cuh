@@ -87,15 +87,14 @@ __global__ void position_backward_kernel(float* dwpe, const T* dout, int64_t bat
   }
 }
 
-// cos/sin of sign · pos · theta^(−2i/d), formed in double because positions reach millions
-// (a float angle would lose whole radians there).
+// cos/sin of the RoPE angles (kernels/op_formulas.h) at positions pos_offset + t.
 __global__ void rope_table_kernel(float* cos_table, float* sin_table, int64_t seq_len, int64_t half,
                                   int64_t dim, int64_t pos_offset, double theta, double sign) {
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < seq_len * half;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / half, i = idx % half;
-    const double frequency = pow(theta, -2.0 * double(i) / double(dim));
-    const double angle = sign * double(pos_offset + t) * frequency;
+    const double angle =
+        formulas::rope_angle(sign, pos_offset + t, formulas::rope_frequency(theta, i, dim));
     double sine, cosine;
     sincos(angle, &sine, &cosine);
     cos_table[idx] = float(cosine);
