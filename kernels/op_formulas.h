@@ -1,5 +1,5 @@
 // Arithmetic that both backends need, written once: the AdamW scalars and update (PyTorch
-// semantics), the GELU (tanh approximation) and SiLU derivatives, and the RoPE angles. Plain C++
+// semantics), the GELU (tanh approximation) and SwiGLU derivatives, and the RoPE angles. Plain C++
 // that nvcc also compiles for the device (ULYSSES_HOST_DEVICE), so kernels/cpu and kernels/cuda use
 // the same lines.
 #pragma once
@@ -71,9 +71,11 @@ ULYSSES_HOST_DEVICE inline float gelu_derivative_from_tanh(float x, float tanh_a
          0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
 }
 
-// silu'(g) = s (1 + g (1 − s)), given the sigmoid s of g (each backend has its own exp).
-ULYSSES_HOST_DEVICE inline float silu_derivative_from_sigmoid(float g, float sigmoid) {
-  return sigmoid * (1.0f + g * (1.0f - sigmoid));
+// SwiGLU's gradient with respect to the gate g: dout · up · silu'(g), where
+// silu'(g) = s (1 + g (1 − s)) and s is the sigmoid of g (each backend has its own exp).
+ULYSSES_HOST_DEVICE inline float swiglu_gate_gradient(float dout, float up, float g,
+                                                      float sigmoid) {
+  return dout * up * sigmoid * (1.0f + g * (1.0f - sigmoid));
 }
 
 // RoPE's frequency of pair i in a head of `dim`: theta^(−2i/d). Angles are formed in double:

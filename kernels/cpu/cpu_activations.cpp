@@ -222,7 +222,7 @@ void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const T
     const float silu = g[i] * sigmoid;
     const float grad_out = go[i];  // read before writing: dout may alias dup or dgate
     du[i] = grad_out * silu;
-    dg[i] = grad_out * u[i] * formulas::silu_derivative_from_sigmoid(g[i], sigmoid);
+    dg[i] = formulas::swiglu_gate_gradient(grad_out, u[i], g[i], sigmoid);
   }
 }
 

@@ -141,7 +141,7 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dout, const T*
     const float g = to_float(gate[i]), u = to_float(up[i]), grad_out = to_float(dout[i]);
     const float s = sigmoid(g);
     dup[i] = from_float<T>(grad_out * g * s);
-    dgate[i] = from_float<T>(grad_out * u * formulas::silu_derivative_from_sigmoid(g, s));
+    dgate[i] = from_float<T>(formulas::swiglu_gate_gradient(grad_out, u, g, s));
   }
 }
 
