@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for one machine with one GPU, in under 5 minutes on an H200:
-#   1. builds the CUDA backend (Release) and runs the GPU tests (a skip counts as a failure),
+#   1. builds the CUDA backend (Release) and runs the op table's GPU column first
+#      (tests/test_backend_ops.cpp), then the GPU tests (a skip counts as a failure),
 #      including two ranks sharing the GPU through MPI staged via the host (sp = 2);
 #   2. benchmarks a Llama-1B-shaped model at 8K and 32K tokens, with the native and the cuDNN
 #      attention: tokens/s, model FLOP/s as a fraction of the H200's 989 TFLOP/s bf16 peak,
@@ -25,10 +26,18 @@ nvidia-smi -L | head -1
 echo "== build (Release, CUDA on) into $BUILD"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DULYSSES_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_cuda_training staged_comm_test staged_training_test ulysses-train \
+cmake --build "$BUILD" -j"$(nproc)" --target test_backend_ops test_cuda_ops test_cuda_training staged_comm_test staged_training_test ulysses-train \
   >"$BUILD.build.log" 2>&1 || { tail -50 "$BUILD.build.log"; exit 1; }
 
 echo "== GPU tests"
+# First the op table's GPU column (tests/test_backend_ops.cpp): every op against its double
+# reference on the device, as the other two columns are checked on every machine.
+"$BUILD/tests/test_backend_ops" --gtest_filter='*/cuda_on_gpu' --gtest_brief=1 2>&1 |
+  tee "$BUILD/test_backend_ops.log"
+if grep -q "SKIPPED\|FAILED" "$BUILD/test_backend_ops.log"; then
+  echo "gpu-check: test_backend_ops (cuda_on_gpu) failed or skipped on a machine with a GPU" >&2
+  exit 1
+fi
 for test in test_cuda_ops test_cuda_training; do
   "$BUILD/tests/$test" --gtest_brief=1 2>&1 | tee "$BUILD/$test.log"
   if grep -q "SKIPPED" "$BUILD/$test.log"; then

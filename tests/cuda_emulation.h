@@ -1,9 +1,12 @@
-// Just enough of CUDA's device environment to run simple kernels on the host, one std::thread
-// per GPU thread: thread and block indices, __syncthreads as a block-wide barrier, warp
-// shuffles as an exchange between the 32 threads of a warp, dynamic shared memory, bf16.
-// Blocks run one after another. What it checks is a kernel's logic (indexing, tile edges,
-// barriers, shuffles, shared-memory sizes), not its speed or GPU-specific numerics.
-// Include it before a kernel header written for cuda_common.cuh's environment.
+// Just enough of CUDA's device environment to run the backend's kernels on the host, one
+// std::thread per GPU thread: thread and block indices, __syncthreads as a block-wide barrier,
+// warp shuffles as an exchange between the 32 threads of a warp, dynamic and static shared
+// memory, bf16, the math intrinsics the kernels call and cub::BlockReduce. Blocks run one
+// after another, so a static variable is the block's __shared__ one. What it checks is a
+// kernel's logic (indexing, tile edges, grid-stride loops, barriers, shuffles, shared-memory
+// sizes), not its speed or GPU-specific numerics. No kernel of the backend uses atomics
+// (docs/cuda.md, "Determinism"), so none are emulated. Include it before a kernel header
+// written for kernels/cuda/cuda_device.cuh's environment.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +23,8 @@
 
 #define __global__
 #define __device__
+#define __host__
+#define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(threads)
 #define __align__(bytes) alignas(bytes)
@@ -79,6 +84,13 @@ inline float2 __bfloat1622float2(__nv_bfloat162 pair) {
 inline float __expf(float value) {
   return std::exp(value);
 }
+inline float rsqrtf(float value) {
+  return 1.0f / std::sqrt(value);
+}
+inline void sincos(double angle, double* sine, double* cosine) {
+  *sine = std::sin(angle);
+  *cosine = std::cos(angle);
+}
 
 inline void __syncthreads() {
   ulysses::cuda::emulation::block->all->arrive_and_wait();
@@ -95,35 +107,86 @@ inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
   return partner;
 }
 
+// CUB's block-wide reduction, as the kernels use it: every thread of the block calls Sum or
+// Reduce, and the result is defined in thread 0 only (the others get their own input back, so
+// a kernel that reads it elsewhere fails). There is no barrier at the end, as in CUB: a kernel
+// that reuses the storage without __syncthreads races here too. Thread 0 adds in thread
+// order, which differs from CUB's tree: results agree to rounding.
+namespace cub {
+
+template <typename T, int kBlockThreads>
+class BlockReduce {
+ public:
+  struct TempStorage {
+    T slots[kBlockThreads];
+  };
+  explicit BlockReduce(TempStorage& storage) : storage_(storage) {}
+
+  T Sum(T value) {
+    return Reduce(value, [](const T& a, const T& b) { return a + b; });
+  }
+
+  template <typename Op>
+  T Reduce(T value, Op op) {
+    storage_.slots[threadIdx.x] = value;
+    __syncthreads();
+    if (threadIdx.x != 0) return value;
+    T result = storage_.slots[0];
+    for (unsigned t = 1; t < blockDim.x; ++t) result = op(result, storage_.slots[t]);
+    return result;
+  }
+
+ private:
+  TempStorage& storage_;
+};
+
+}  // namespace cub
+
 namespace ulysses::cuda::emulation {
 
-// Runs body as kernel<<<grid, threads, shared_bytes>>>. Shared memory starts as 0xff bytes
-// (a bf16 NaN, a float NaN), so a read of anything not written shows up in the results.
+// Runs body as kernel<<<grid, threads, shared_bytes>>>: one std::thread per GPU thread for the
+// whole launch, running the blocks in order (x fastest). A thread that returns from the kernel
+// leaves the block's barriers, as an exited GPU thread no longer holds up __syncthreads.
+// Shared memory starts as 0xff bytes (a bf16 NaN, a float NaN), so a read of anything not
+// written shows up in the results.
 inline void launch(dim3 grid, unsigned threads, size_t shared_bytes,
                    const std::function<void()>& body) {
   gridDim = grid;
   blockDim = dim3(threads);
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        Block current;
-        current.shared.assign(shared_bytes, 0xff);
-        current.all = std::make_unique<std::barrier<>>(threads);
-        for (unsigned w = 0; w < (threads + 31) / 32; ++w)
-          current.warps.push_back(
-              std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
-        current.lanes.resize(threads);
-        block = &current;
-        std::vector<std::thread> workers;
-        for (unsigned t = 0; t < threads; ++t)
-          workers.emplace_back([&, t] {
-            threadIdx = dim3(t);
-            blockIdx = dim3(x, y, z);
-            body();
-          });
-        for (std::thread& worker : workers) worker.join();
-        block = nullptr;
+  const unsigned blocks = grid.x * grid.y * grid.z;
+  Block current;
+  std::barrier<> between_blocks(threads);
+  auto prepare = [&] {
+    current.shared.assign(shared_bytes, 0xff);
+    current.all = std::make_unique<std::barrier<>>(threads);
+    current.warps.clear();
+    for (unsigned w = 0; w < (threads + 31) / 32; ++w)
+      current.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+    current.lanes.assign(threads, 0.0f);
+  };
+  block = &current;
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      threadIdx = dim3(t);
+      for (unsigned index = 0; index < blocks; ++index) {
+        if (t == 0) prepare();
+        between_blocks.arrive_and_wait();
+        blockIdx = dim3(index % grid.x, index / grid.x % grid.y, index / (grid.x * grid.y));
+        body();
+        current.warps[t / 32]->arrive_and_drop();
+        current.all->arrive_and_drop();
+        between_blocks.arrive_and_wait();
       }
+    });
+  for (std::thread& worker : workers) worker.join();
+  block = nullptr;
+}
+
+// The same with a kernel's LaunchShape (kernels/cuda/cuda_device.cuh), as its real launch.
+template <typename Shape>
+void launch(const Shape& shape, const std::function<void()>& body) {
+  launch(shape.grid, shape.threads, shape.shared_bytes, body);
 }
 
 }  // namespace ulysses::cuda::emulation

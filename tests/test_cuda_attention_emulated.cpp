@@ -127,22 +127,20 @@ void run_kernels(const Shape& s, const std::vector<bf16>& q, const std::vector<b
                  std::vector<bf16>& dv) {
   const AttentionDims dims{s.seq, s.q_heads, s.kv_heads, s.dim,
                            float(1.0 / std::sqrt(double(s.dim)))};
-  const unsigned tiles = unsigned((s.seq + kTile - 1) / kTile);
-  const dim3 query_grid(tiles, unsigned(s.q_heads), unsigned(s.batch));
-  const dim3 key_grid(tiles, unsigned(s.kv_heads), unsigned(s.batch));
-  launch(query_grid, kAttentionThreads, forward_shared_bytes(kDim), [&] {
+  // The launch shapes of kernels/cuda/cuda_attention.cu.
+  launch(attention_forward_launch(dims, s.batch), [&] {
     attention_forward_kernel<kDim>(out.data(), lse.data(), q.data(), k.data(), v.data(), dims);
   });
   // The GPU backward reads its own (bf16) out, as here.
   std::vector<float> row_dot(lse.size(), NAN);
   const int64_t rows = s.batch * s.seq * s.q_heads;
-  launch(dim3(3), 64, 0,
+  launch(attention_row_dot_launch(rows),
          [&] { attention_row_dot_kernel(row_dot.data(), dout.data(), out.data(), dims, rows); });
-  launch(query_grid, kAttentionThreads, dq_shared_bytes(kDim), [&] {
+  launch(attention_dq_launch(dims, s.batch), [&] {
     attention_dq_kernel<kDim>(dq.data(), dout.data(), q.data(), k.data(), v.data(), lse.data(),
                               row_dot.data(), dims);
   });
-  launch(key_grid, kAttentionThreads, dkv_shared_bytes(kDim), [&] {
+  launch(attention_dkv_launch(dims, s.batch), [&] {
     attention_dkv_kernel<kDim>(dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                                lse.data(), row_dot.data(), dims);
   });
@@ -159,7 +157,7 @@ TEST_P(EmulatedAttention, MatchesCausalAttentionInDouble) {
   const bf16 nan = __float2bfloat16_rn(NAN);  // anything left unwritten fails the comparison
   std::vector<bf16> out(q_count, nan), dq(q_count, nan), dk(kv_count, nan), dv(kv_count, nan);
   std::vector<float> lse(size_t(s.batch * s.q_heads * s.seq), NAN);
-  if (s.dim <= 64)
+  if (kernel_dim(s.dim) == 64)
     run_kernels<64>(s, q, k, v, dout, out, lse, dq, dk, dv);
   else
     run_kernels<128>(s, q, k, v, dout, out, lse, dq, dk, dv);

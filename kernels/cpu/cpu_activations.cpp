@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_formulas.h"
 #include "kernels/op_scratch.h"
 
 namespace ulysses {
@@ -149,12 +150,11 @@ void CpuBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inv
   const double sign = inverse ? -1.0 : 1.0;
   std::vector<double> frequency(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    frequency[size_t(i)] = std::pow(double(theta), -2.0 * double(i) / double(dim));
+    frequency[size_t(i)] = formulas::rope_frequency(double(theta), i, dim);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < seq_len; ++t) {
-    const double position = double(pos_offset + t);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = sign * position * frequency[size_t(i)];
+      const double angle = formulas::rope_angle(sign, pos_offset + t, frequency[size_t(i)]);
       cos_table[t * half + i] = float(std::cos(angle));
       sin_table[t * half + i] = float(std::sin(angle));
     }
@@ -222,14 +222,9 @@ void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const T
     const float silu = g[i] * sigmoid;
     const float grad_out = go[i];  // read before writing: dout may alias dup or dgate
     du[i] = grad_out * silu;
-    dg[i] = grad_out * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
+    dg[i] = formulas::swiglu_gate_gradient(grad_out, u[i], g[i], sigmoid);
   }
 }
-
-namespace {
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCubic = 0.044715f;
-}  // namespace
 
 void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
   require_f32(out, "gelu_forward", "out");
@@ -240,8 +235,7 @@ void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
   const float* in = x.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = in[i];
-    o[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+    o[i] = formulas::gelu_from_tanh(in[i], std::tanh(formulas::gelu_tanh_argument(in[i])));
   }
 }
 
@@ -257,12 +251,8 @@ void CpuBackend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tenso
   const float* in = x.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = in[i];
-    const float tanh_a = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-    const float sech2 = 1.0f - tanh_a * tanh_a;
-    const float local = 0.5f * (1.0f + tanh_a) +
-                        0.5f * v * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    d[i] = g[i] * local;
+    const float tanh_a = std::tanh(formulas::gelu_tanh_argument(in[i]));
+    d[i] = g[i] * formulas::gelu_derivative_from_tanh(in[i], tanh_a);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_formulas.h"
 
 namespace ulysses {
 
@@ -221,30 +222,14 @@ void CpuBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m,
   require_numel(v, n, "adamw", "v");
   if (step.step < 1) throw std::invalid_argument("adamw: step must be >= 1 (1-based)");
 
-  // Scalars in double then rounded, as PyTorch does with its Python-float hyperparameters.
-  const double bias_correction1 = 1.0 - std::pow(double(step.beta1), double(step.step));
-  const double bias_correction2 = 1.0 - std::pow(double(step.beta2), double(step.step));
-  const float decay = float(1.0 - double(step.lr) * double(step.weight_decay));
-  const float step_size = float(double(step.lr) / bias_correction1);
-  const float bias_correction2_sqrt = float(std::sqrt(bias_correction2));
-  const float beta1 = step.beta1, beta2 = step.beta2;
-  const float one_minus_beta1 = float(1.0 - double(step.beta1));
-  const float one_minus_beta2 = float(1.0 - double(step.beta2));
-  const float eps = step.eps, grad_scale = step.grad_scale;
-
+  const formulas::AdamWScalars scalars = formulas::adamw_scalars(step);
   float* p = param.f32();
-  const float* g_in = grad.f32();
+  const float* g = grad.f32();
   float* m_state = m.f32();
   float* v_state = v.f32();
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad_scale * g_in[i];
-    p[i] *= decay;
-    m_state[i] = beta1 * m_state[i] + one_minus_beta1 * g;
-    v_state[i] = beta2 * v_state[i] + one_minus_beta2 * g * g;
-    const float denom = std::sqrt(v_state[i]) / bias_correction2_sqrt + eps;
-    p[i] -= step_size * (m_state[i] / denom);
-  }
+  for (int64_t i = 0; i < n; ++i)
+    formulas::adamw_update(p[i], g[i], m_state[i], v_state[i], scalars);
 }
 
 }  // namespace ulysses

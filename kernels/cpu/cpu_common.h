@@ -7,9 +7,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/shape_checks.h"
 #include "kernels/tensor.h"
 
 namespace ulysses::cpu {
+
+// Shape checks with the messages every backend shares (kernels/shape_checks.h).
+using shape_checks::require_ndim;
+using shape_checks::require_numel;
+using shape_checks::rows_of;
 
 inline void require_f32(const Tensor& t, const char* op, const char* name) {
   if (t.dtype != DType::f32 || t.data == nullptr) {
@@ -25,30 +31,6 @@ inline void require_i32(const Tensor& t, const char* op, const char* name) {
                                 " must be a non-empty i32 tensor (got " + dtype_name(t.dtype) +
                                 " " + t.shape_string() + ")");
   }
-}
-
-inline void require_numel(const Tensor& t, int64_t numel, const char* op, const char* name) {
-  if (t.numel() != numel) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() + " has " +
-                                std::to_string(t.numel()) + " elements, expected " +
-                                std::to_string(numel));
-  }
-}
-
-inline void require_ndim(const Tensor& t, int ndim, const char* op, const char* name) {
-  if (t.ndim != ndim) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
-                                " must be " + std::to_string(ndim) + "-D");
-  }
-}
-
-// Rows of a tensor seen as [rows, width]; throws when numel is not a multiple of width.
-inline int64_t rows_of(const Tensor& t, int64_t width, const char* op, const char* name) {
-  if (width <= 0 || t.numel() % width != 0) {
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
-                                " is not a whole number of rows of width " + std::to_string(width));
-  }
-  return t.numel() / width;
 }
 
 // Comparison and selection through the sign bit and integer masks. Under GCC's default

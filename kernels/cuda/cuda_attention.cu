@@ -22,6 +22,7 @@ namespace ulysses {
 using cuda::bf16;
 using cuda::check_cuda;
 using cuda::check_launch;
+using cuda::LaunchShape;
 using namespace cuda_attention;
 
 namespace {
@@ -72,19 +73,17 @@ void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const 
 #ifdef ULYSSES_WITH_CUDNN
   if (cudnn_attention_) return cudnn_attention_->forward(out, lse, q, k, v);
 #endif
-  const dim3 grid(unsigned((dims.seq_len + kTile - 1) / kTile), unsigned(dims.q_heads),
-                  unsigned(q.shape[0]));
-  auto launch = [&](auto kernel, int kDim) {
-    const size_t bytes = forward_shared_bytes(kDim);
-    allow_shared_memory(kernel, bytes, op);
-    kernel<<<grid, kAttentionThreads, bytes, stream_>>>(
+  const LaunchShape shape = attention_forward_launch(dims, q.shape[0]);
+  auto launch = [&](auto kernel) {
+    allow_shared_memory(kernel, shape.shared_bytes, op);
+    kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
         static_cast<bf16*>(out.data), lse.f32(), static_cast<const bf16*>(q.data),
         static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), dims);
   };
-  if (dims.dim <= 64)
-    launch(attention_forward_kernel<64>, 64);
+  if (kernel_dim(dims.dim) == 64)
+    launch(attention_forward_kernel<64>);
   else
-    launch(attention_forward_kernel<128>, 128);
+    launch(attention_forward_kernel<128>);
   check_launch(op);
 }
 
@@ -109,35 +108,34 @@ void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const T
 
   Buffer row_dot = attention_row_dot(*this, batch, dims.q_heads, dims.seq_len);
   const int64_t rows = batch * dims.seq_len * dims.q_heads;
-  attention_row_dot_kernel<<<cuda::blocks_for(rows * 32), cuda::kThreads, 0, stream_>>>(
-      row_dot.f32(), static_cast<const bf16*>(dout.data), static_cast<const bf16*>(out.data), dims,
-      rows);
+  const LaunchShape row_dot_shape = attention_row_dot_launch(rows);
+  attention_row_dot_kernel<<<row_dot_shape.grid, row_dot_shape.threads, row_dot_shape.shared_bytes,
+                             stream_>>>(row_dot.f32(), static_cast<const bf16*>(dout.data),
+                                        static_cast<const bf16*>(out.data), dims, rows);
   check_launch(op);
 
-  const unsigned tiles = unsigned((dims.seq_len + kTile - 1) / kTile);
   const auto* dout_data = static_cast<const bf16*>(dout.data);
   const auto* q_data = static_cast<const bf16*>(q.data);
   const auto* k_data = static_cast<const bf16*>(k.data);
   const auto* v_data = static_cast<const bf16*>(v.data);
-  auto launch = [&](auto dq_kernel, auto dkv_kernel, int kDim) {
-    const size_t dq_bytes = dq_shared_bytes(kDim);
-    allow_shared_memory(dq_kernel, dq_bytes, op);
-    dq_kernel<<<dim3(tiles, unsigned(dims.q_heads), unsigned(batch)), kAttentionThreads, dq_bytes,
-                stream_>>>(static_cast<bf16*>(dq.data), dout_data, q_data, k_data, v_data,
-                           lse.f32(), row_dot.f32(), dims);
+  const LaunchShape dq_shape = attention_dq_launch(dims, batch);
+  const LaunchShape dkv_shape = attention_dkv_launch(dims, batch);
+  auto launch = [&](auto dq_kernel, auto dkv_kernel) {
+    allow_shared_memory(dq_kernel, dq_shape.shared_bytes, op);
+    dq_kernel<<<dq_shape.grid, dq_shape.threads, dq_shape.shared_bytes, stream_>>>(
+        static_cast<bf16*>(dq.data), dout_data, q_data, k_data, v_data, lse.f32(), row_dot.f32(),
+        dims);
     check_launch(op);
-    const size_t dkv_bytes = dkv_shared_bytes(kDim);
-    allow_shared_memory(dkv_kernel, dkv_bytes, op);
-    dkv_kernel<<<dim3(tiles, unsigned(dims.kv_heads), unsigned(batch)), kAttentionThreads,
-                 dkv_bytes, stream_>>>(static_cast<bf16*>(dk.data), static_cast<bf16*>(dv.data),
-                                       dout_data, q_data, k_data, v_data, lse.f32(), row_dot.f32(),
-                                       dims);
+    allow_shared_memory(dkv_kernel, dkv_shape.shared_bytes, op);
+    dkv_kernel<<<dkv_shape.grid, dkv_shape.threads, dkv_shape.shared_bytes, stream_>>>(
+        static_cast<bf16*>(dk.data), static_cast<bf16*>(dv.data), dout_data, q_data, k_data, v_data,
+        lse.f32(), row_dot.f32(), dims);
     check_launch(op);
   };
-  if (dims.dim <= 64)
-    launch(attention_dq_kernel<64>, attention_dkv_kernel<64>, 64);
+  if (kernel_dim(dims.dim) == 64)
+    launch(attention_dq_kernel<64>, attention_dkv_kernel<64>);
   else
-    launch(attention_dq_kernel<128>, attention_dkv_kernel<128>, 128);
+    launch(attention_dq_kernel<128>, attention_dkv_kernel<128>);
 }
 
 }  // namespace ulysses

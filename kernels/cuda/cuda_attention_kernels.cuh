@@ -1,22 +1,20 @@
 // The native attention kernels (see cuda_attention.cu for the design), apart from their
 // launches so that they can also run on the host: tests/test_cuda_attention_emulated.cpp
-// executes them thread by thread. Under nvcc the device environment (bf16,
-// dynamic_shared_memory, the intrinsics) comes from cuda_common.cuh; on the host the
-// includer provides it first (tests/cuda_emulation.h).
+// and tests/test_backend_ops.cpp execute them thread by thread. The device environment is
+// kernels/cuda/cuda_device.cuh (on the host, tests/cuda_emulation.h included first).
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#include "kernels/cuda/cuda_common.cuh"
-#endif
+#include "kernels/cuda/cuda_device.cuh"
 
 namespace ulysses::cuda_attention {
 
 using ::ulysses::cuda::bf16;
 using ::ulysses::cuda::dynamic_shared_memory;
+using ::ulysses::cuda::LaunchShape;
 
 constexpr int kTile = 64;
 constexpr int kAttentionThreads = 256;
@@ -370,6 +368,38 @@ constexpr size_t dq_shared_bytes(int dim) {
 }
 constexpr size_t dkv_shared_bytes(int dim) {
   return 4 * tile_bytes(dim) + 2 * score_bytes();
+}
+
+// The kernels are instantiated for head dims up to 64 and up to 128.
+constexpr int kernel_dim(int dim) {
+  return dim <= 64 ? 64 : 128;
+}
+
+inline unsigned query_tiles(const AttentionDims& dims) {
+  return unsigned((dims.seq_len + kTile - 1) / kTile);
+}
+
+// Grid (query tiles, q heads, batch).
+inline LaunchShape attention_forward_launch(const AttentionDims& dims, int64_t batch) {
+  return {dim3(query_tiles(dims), unsigned(dims.q_heads), unsigned(batch)),
+          unsigned(kAttentionThreads), forward_shared_bytes(kernel_dim(dims.dim))};
+}
+
+// One warp per (b, t, h) row, grid-stride.
+inline LaunchShape attention_row_dot_launch(int64_t rows) {
+  return ::ulysses::cuda::elementwise_launch(rows * 32);
+}
+
+// Grid (query tiles, q heads, batch).
+inline LaunchShape attention_dq_launch(const AttentionDims& dims, int64_t batch) {
+  return {dim3(query_tiles(dims), unsigned(dims.q_heads), unsigned(batch)),
+          unsigned(kAttentionThreads), dq_shared_bytes(kernel_dim(dims.dim))};
+}
+
+// Grid (key tiles, kv heads, batch).
+inline LaunchShape attention_dkv_launch(const AttentionDims& dims, int64_t batch) {
+  return {dim3(query_tiles(dims), unsigned(dims.kv_heads), unsigned(batch)),
+          unsigned(kAttentionThreads), dkv_shared_bytes(kernel_dim(dims.dim))};
 }
 
 }  // namespace ulysses::cuda_attention

@@ -6,13 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cub/block/block_reduce.cuh>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cuda_column_sums.cuh"
+#include "kernels/cuda/cuda_elementwise_kernels.cuh"
 #include "kernels/cuda/cuda_timeline.cuh"
 #include "kernels/cuda/cuda_transfers.cuh"
 #include "kernels/cuda/cudnn_attention.h"
@@ -23,9 +23,7 @@ using cuda::bf16;
 using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::dispatch_float;
-using cuda::from_float;
-using cuda::kThreads;
-using cuda::to_float;
+using cuda::LaunchShape;
 
 AttentionKind parse_attention_kind(const std::string& name) {
   if (name == "native") return AttentionKind::native;
@@ -272,56 +270,6 @@ void CudaBackend::synchronize() {
 
 // ---- elementwise -------------------------------------------------------------------------
 
-namespace {
-
-template <typename In, typename Out>
-__global__ void cast_kernel(Out* out, const In* in, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_float<Out>(to_float(in[i]));
-}
-
-template <typename TY, typename TX>
-__global__ void axpy_kernel(TY* y, const TX* x, float alpha, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_float<TY>(to_float(y[i]) + alpha * to_float(x[i]));
-}
-
-template <typename T>
-__global__ void scale_kernel(T* x, float alpha, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = from_float<T>(alpha * to_float(x[i]));
-}
-
-// Partial sums of squares, one per block, over a grid-stride loop: the grid size depends
-// only on n, so every run adds in the same order.
-template <typename T>
-__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
-  double sum = 0.0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const double value = to_float(x[i]);
-    sum += value * value;
-  }
-  using Reduce = cub::BlockReduce<double, kThreads>;
-  __shared__ typename Reduce::TempStorage storage;
-  const double block_sum = Reduce(storage).Sum(sum);
-  if (threadIdx.x == 0) partial[blockIdx.x] = block_sum;
-}
-
-__global__ void sum_partials_kernel(double* total, const double* partial, int count) {
-  double sum = 0.0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
-  using Reduce = cub::BlockReduce<double, kThreads>;
-  __shared__ typename Reduce::TempStorage storage;
-  const double block_sum = Reduce(storage).Sum(sum);
-  if (threadIdx.x == 0) *total = block_sum;
-}
-
-}  // namespace
-
 void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
   cuda::require_numel(dst, src.numel(), "cast", "dst");
   if (dst.dtype == src.dtype) {
@@ -330,11 +278,12 @@ void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
   }
   const int64_t n = src.numel();
   if (n == 0) return;
+  const LaunchShape shape = cuda::elementwise_launch(n);
   if (src.dtype == DType::f32 && dst.dtype == DType::bf16) {
-    cast_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
+    cuda::cast_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
         static_cast<bf16*>(dst.data), static_cast<const float*>(src.data), n);
   } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
-    cast_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
+    cuda::cast_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
         static_cast<float*>(dst.data), static_cast<const bf16*>(src.data), n);
   } else {
     throw std::invalid_argument(std::string("cast: unsupported ") + dtype_name(src.dtype) + " -> " +
@@ -358,7 +307,8 @@ void CudaBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
     using TY = decltype(y_tag);
     dispatch_float(x, "axpy", [&](auto x_tag) {
       using TX = decltype(x_tag);
-      axpy_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
+      const LaunchShape shape = cuda::elementwise_launch(n);
+      cuda::axpy_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
           static_cast<TY*>(y.data), static_cast<const TX*>(x.data), alpha, n);
     });
   });
@@ -371,7 +321,9 @@ void CudaBackend::scale(const Tensor& x, float alpha) {
   if (n == 0) return;
   dispatch_float(x, "scale", [&](auto tag) {
     using T = decltype(tag);
-    scale_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(static_cast<T*>(x.data), alpha, n);
+    const LaunchShape shape = cuda::elementwise_launch(n);
+    cuda::scale_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
+        static_cast<T*>(x.data), alpha, n);
   });
   check_launch("scale");
 }
@@ -380,17 +332,21 @@ double CudaBackend::sum_squares(const Tensor& x) {
   cuda::require_float(x, "sum_squares", "x");
   const int64_t n = x.numel();
   if (n == 0) return 0.0;
-  const int blocks = int(std::min<int64_t>(1024, (n + kThreads - 1) / kThreads));
+  const LaunchShape partial_shape = cuda::sum_squares_partial_launch(n);
+  const int blocks = int(partial_shape.grid.x);
   Buffer partial =
       alloc(MemCategory::workspace, DType::f32, {2 * (blocks + 1)}, "sum_squares partials");
   double* partial_data = static_cast<double*>(partial.tensor().data);
   dispatch_float(x, "sum_squares", [&](auto tag) {
     using T = decltype(tag);
-    sum_squares_partial_kernel<<<blocks, kThreads, 0, stream_>>>(partial_data,
-                                                                 static_cast<const T*>(x.data), n);
+    cuda::sum_squares_partial_kernel<<<partial_shape.grid, partial_shape.threads,
+                                       partial_shape.shared_bytes, stream_>>>(
+        partial_data, static_cast<const T*>(x.data), n);
   });
   check_launch("sum_squares");
-  sum_partials_kernel<<<1, kThreads, 0, stream_>>>(partial_data + blocks, partial_data, blocks);
+  const LaunchShape total_shape = cuda::sum_partials_launch();
+  cuda::sum_partials_kernel<<<total_shape.grid, total_shape.threads, total_shape.shared_bytes,
+                              stream_>>>(partial_data + blocks, partial_data, blocks);
   check_launch("sum_squares");
   double total = 0.0;
   check_cuda(cudaMemcpyAsync(&total, partial_data + blocks, sizeof(double), cudaMemcpyDeviceToHost,
@@ -402,18 +358,6 @@ double CudaBackend::sum_squares(const Tensor& x) {
 
 // ---- bias --------------------------------------------------------------------------------
 
-namespace {
-
-template <typename T, typename TB>
-__global__ void bias_forward_kernel(T* out, const TB* bias, int64_t rows, int64_t width) {
-  const int64_t n = rows * width;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_float<T>(to_float(out[i]) + to_float(bias[i % width]));
-}
-
-}  // namespace
-
 void CudaBackend::bias_forward(const Tensor& out, const Tensor& bias) {
   cuda::require_float(out, "bias_forward", "out");
   cuda::require_float(bias, "bias_forward", "bias");
@@ -424,22 +368,18 @@ void CudaBackend::bias_forward(const Tensor& out, const Tensor& bias) {
     using T = decltype(out_tag);
     dispatch_float(bias, "bias_forward", [&](auto bias_tag) {
       using TB = decltype(bias_tag);
-      bias_forward_kernel<<<cuda::blocks_for(rows * width), kThreads, 0, stream_>>>(
+      const LaunchShape shape = cuda::elementwise_launch(rows * width);
+      cuda::bias_forward_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
           static_cast<T*>(out.data), static_cast<const TB*>(bias.data), rows, width);
     });
   });
   check_launch("bias_forward");
 }
 
-CudaBackend::ColumnChunks CudaBackend::column_chunks(int64_t rows) {
-  // At most 1024 partial rows: the scratch stays [1024, width] however long the sequence.
-  const int64_t rows_per_chunk = std::max<int64_t>(64, (rows + 1023) / 1024);
-  return {rows_per_chunk, std::max<int64_t>(1, (rows + rows_per_chunk - 1) / rows_per_chunk)};
-}
-
 void CudaBackend::reduce_columns(float* dst, const float* parts, int64_t rows, int64_t width) {
-  cuda::add_column_partials_kernel<<<cuda::blocks_for(width), kThreads, 0, stream_>>>(dst, parts,
-                                                                                      rows, width);
+  const LaunchShape shape = cuda::add_column_partials_launch(width);
+  cuda::add_column_partials_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
+      dst, parts, rows, width);
   check_launch("column reduction");
 }
 
@@ -449,46 +389,22 @@ void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
   const int64_t width = dbias.numel();
   const int64_t rows = cuda::rows_of(dout, width, "bias_backward", "dout");
   if (rows == 0) return;
-  const ColumnChunks chunks = column_chunks(rows);
+  const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
   Buffer parts = alloc(MemCategory::workspace, DType::f32, {chunks.chunks, width},
                        "bias_backward partial sums");
-  const dim3 grid(cuda::blocks_for(width), unsigned(chunks.chunks));
+  const LaunchShape columns = cuda::column_partials_launch(width, chunks);
   dispatch_float(dout, "bias_backward", [&](auto tag) {
     using T = decltype(tag);
     cuda::column_partials_kernel<cuda::ColumnTerm::value, T>
-        <<<grid, kThreads, 0, stream_>>>(parts.f32(), static_cast<const T*>(dout.data), nullptr,
-                                         nullptr, nullptr, rows, width, chunks.rows_per_chunk);
+        <<<columns.grid, columns.threads, columns.shared_bytes, stream_>>>(
+            parts.f32(), static_cast<const T*>(dout.data), nullptr, nullptr, nullptr, rows, width,
+            chunks.rows_per_chunk);
   });
   check_launch("bias_backward");
   reduce_columns(dbias.f32(), parts.f32(), chunks.chunks, width);
 }
 
 // ---- optimizer ---------------------------------------------------------------------------
-
-namespace {
-
-struct AdamWScalars {
-  float decay, step_size, bias_correction2_sqrt, beta1, beta2, one_minus_beta1, one_minus_beta2,
-      eps, grad_scale;
-};
-
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, AdamWScalars s,
-                             int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = s.grad_scale * grad[i];
-    float p = param[i] * s.decay;
-    const float m_new = s.beta1 * m[i] + s.one_minus_beta1 * g;
-    const float v_new = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
-    const float denom = sqrtf(v_new) / s.bias_correction2_sqrt + s.eps;
-    p -= s.step_size * (m_new / denom);
-    m[i] = m_new;
-    v[i] = v_new;
-    param[i] = p;
-  }
-}
-
-}  // namespace
 
 void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                         const AdamWStep& step) {
@@ -502,21 +418,11 @@ void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m
   cuda::require_numel(v, n, "adamw", "v");
   if (step.step < 1) throw std::invalid_argument("adamw: step must be >= 1 (1-based)");
   if (n == 0) return;
-  // The scalars are formed exactly as the cpu backend forms them (PyTorch semantics).
-  const double bias_correction1 = 1.0 - std::pow(double(step.beta1), double(step.step));
-  const double bias_correction2 = 1.0 - std::pow(double(step.beta2), double(step.step));
-  AdamWScalars s;
-  s.decay = float(1.0 - double(step.lr) * double(step.weight_decay));
-  s.step_size = float(double(step.lr) / bias_correction1);
-  s.bias_correction2_sqrt = float(std::sqrt(bias_correction2));
-  s.beta1 = step.beta1;
-  s.beta2 = step.beta2;
-  s.one_minus_beta1 = float(1.0 - double(step.beta1));
-  s.one_minus_beta2 = float(1.0 - double(step.beta2));
-  s.eps = step.eps;
-  s.grad_scale = step.grad_scale;
-  adamw_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(param.f32(), grad.f32(), m.f32(),
-                                                              v.f32(), s, n);
+  // The scalars and the update are the cpu backend's (kernels/op_formulas.h).
+  const formulas::AdamWScalars s = formulas::adamw_scalars(step);
+  const LaunchShape shape = cuda::elementwise_launch(n);
+  cuda::adamw_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
+      param.f32(), grad.f32(), m.f32(), v.f32(), s, n);
   check_launch("adamw");
 }
 

@@ -99,11 +99,6 @@ class CudaBackend final : public Backend {
  private:
   // dst[j] += sum over rows of parts[rows, width], column by column in row order.
   void reduce_columns(float* dst, const float* parts, int64_t rows, int64_t width);
-  // Rows per partial sum and the number of partial sums for a column reduction over rows.
-  struct ColumnChunks {
-    int64_t rows_per_chunk, chunks;
-  };
-  static ColumnChunks column_chunks(int64_t rows);
 
   // A cached cuBLASLt plan for one GEMM shape, dtype combination and pointer alignment.
   struct GemmPlan {

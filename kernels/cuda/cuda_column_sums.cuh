@@ -4,7 +4,10 @@
 // the same bits on every run.
 #pragma once
 
-#include "kernels/cuda/cuda_common.cuh"
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_device.cuh"
 
 namespace ulysses::cuda {
 
@@ -13,6 +16,26 @@ enum class ColumnTerm {
   times_rms_input,     // g[r, j] · x[r, j] · rstd[r]          (RMSNorm weight)
   times_normed_input,  // g[r, j] · (x[r, j] − mean[r]) · rstd[r]  (LayerNorm weight)
 };
+
+// Rows per partial sum and the number of partial sums for a column reduction over rows: at
+// most 1024 partial rows, so the scratch stays [1024, width] however long the sequence.
+struct ColumnChunks {
+  int64_t rows_per_chunk, chunks;
+};
+inline ColumnChunks column_chunks(int64_t rows) {
+  const int64_t rows_per_chunk = std::max<int64_t>(64, (rows + 1023) / 1024);
+  return {rows_per_chunk, std::max<int64_t>(1, (rows + rows_per_chunk - 1) / rows_per_chunk)};
+}
+
+// Pass 1: a grid-stride loop over columns in x, one chunk of rows per blockIdx.y.
+inline LaunchShape column_partials_launch(int64_t width, const ColumnChunks& chunks) {
+  return {dim3(blocks_for(width), unsigned(chunks.chunks)), unsigned(kThreads), 0};
+}
+
+// Pass 2: a grid-stride loop over columns.
+inline LaunchShape add_column_partials_launch(int64_t width) {
+  return elementwise_launch(width);
+}
 
 // Each header user gets its own copy (internal linkage): the kernels are not relocatable.
 namespace {

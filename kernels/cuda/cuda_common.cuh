@@ -1,5 +1,5 @@
-// Helpers shared by the CUDA backend's sources: status checks that throw, dtype checks that
-// name the op and tensor, element conversions and launch sizes.
+// Helpers shared by the CUDA backend's host code: status checks that throw and dtype checks
+// that name the op and tensor. The device environment is kernels/cuda/cuda_device.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,11 +9,16 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/cuda_device.cuh"
+#include "kernels/shape_checks.h"
 #include "kernels/tensor.h"
 
 namespace ulysses::cuda {
 
-using bf16 = __nv_bfloat16;
+// Shape checks with the messages every backend shares (kernels/shape_checks.h).
+using shape_checks::require_ndim;
+using shape_checks::require_numel;
+using shape_checks::rows_of;
 
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
@@ -53,26 +58,6 @@ inline void require_same_dtype(const Tensor& t, const Tensor& like, const char* 
                                 ")");
 }
 
-inline void require_numel(const Tensor& t, int64_t numel, const char* op, const char* name) {
-  if (t.numel() != numel)
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() + " has " +
-                                std::to_string(t.numel()) + " elements, expected " +
-                                std::to_string(numel));
-}
-
-inline void require_ndim(const Tensor& t, int ndim, const char* op, const char* name) {
-  if (t.ndim != ndim)
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
-                                " must be " + std::to_string(ndim) + "-D");
-}
-
-inline int64_t rows_of(const Tensor& t, int64_t width, const char* op, const char* name) {
-  if (width <= 0 || t.numel() % width != 0)
-    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
-                                " is not a whole number of rows of width " + std::to_string(width));
-  return t.numel() / width;
-}
-
 // Calls fn(T{}) with T = float or bf16 after the tensor's dtype.
 template <typename Fn>
 void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
@@ -84,38 +69,6 @@ void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
     throw std::invalid_argument(std::string(op) + ": unsupported dtype " + dtype_name(t.dtype) +
                                 " (f32 or bf16)");
   }
-}
-
-// The block's dynamic shared memory (its size is the launch's third parameter).
-__device__ __forceinline__ unsigned char* dynamic_shared_memory() {
-  extern __shared__ __align__(16) unsigned char shared[];
-  return shared;
-}
-
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-__device__ __forceinline__ float to_float(bf16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ bf16 from_float<bf16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-constexpr int kThreads = 256;
-
-// Blocks for a grid-stride loop over n elements; capped, since the loop covers the rest.
-inline unsigned blocks_for(int64_t n, int threads = kThreads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
 }
 
 }  // namespace ulysses::cuda

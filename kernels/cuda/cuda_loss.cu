@@ -4,95 +4,18 @@
 // more GEMMs give dhidden and accumulate dweight (f32). Logits never exist for all rows at
 // once. Per-row losses stay on the device and are summed on the host in row order.
 #include <cstdio>
-#include <cub/block/block_reduce.cuh>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend_impl.cuh"
+#include "kernels/cuda/cuda_loss_kernels.cuh"
 
 namespace ulysses {
 
 using cuda::check_cuda;
 using cuda::check_launch;
-using cuda::from_float;
-using cuda::kThreads;
-using cuda::to_float;
-
-namespace {
-
-struct ArgMax {
-  float value;
-  int64_t index;
-};
-
-// The larger value; on ties the smaller index (the first maximum, as the cpu backend).
-struct ArgMaxOp {
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    if (a.value > b.value) return a;
-    if (b.value > a.value) return b;
-    return a.index < b.index ? a : b;
-  }
-};
-
-template <typename T>
-__global__ void gather_rows_kernel(T* dst, const T* src, const int32_t* rows, int64_t count,
-                                   int64_t width) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count * width;
-       i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = src[int64_t(rows[i / width]) * width + i % width];
-}
-
-template <typename T>
-__global__ void scatter_rows_kernel(T* dst, const T* src, const int32_t* rows, int64_t count,
-                                    int64_t width) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count * width;
-       i += int64_t(gridDim.x) * blockDim.x)
-    dst[int64_t(rows[i / width]) * width + i % width] = src[i];
-}
-
-// One block per row of the tile.
-template <typename T>
-__global__ void loss_rows_kernel(const float* logits, int64_t vocab, const int32_t* targets,
-                                 float* row_loss, int32_t* row_correct, T* dlogits,
-                                 float grad_scale) {
-  const int64_t row = blockIdx.x;
-  const float* x = logits + row * vocab;
-  ArgMax best{-INFINITY, vocab};
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    if (x[j] > best.value) best = {x[j], j};
-  }
-  using MaxReduce = cub::BlockReduce<ArgMax, kThreads>;
-  using SumReduce = cub::BlockReduce<float, kThreads>;
-  __shared__ union {
-    typename MaxReduce::TempStorage max;
-    typename SumReduce::TempStorage sum;
-  } storage;
-  __shared__ ArgMax row_best;
-  __shared__ float row_sum;
-  const ArgMax reduced = MaxReduce(storage.max).Reduce(best, ArgMaxOp());
-  if (threadIdx.x == 0) row_best = reduced;
-  __syncthreads();
-  const float max_logit = row_best.value;
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += __expf(x[j] - max_logit);
-  const float reduced_sum = SumReduce(storage.sum).Sum(sum);
-  if (threadIdx.x == 0) row_sum = reduced_sum;
-  __syncthreads();
-  const int32_t target = targets[row];
-  if (threadIdx.x == 0) {
-    row_loss[row] = max_logit + logf(row_sum) - x[target];
-    row_correct[row] = row_best.index == target;
-  }
-  if (!dlogits) return;
-  const float factor = grad_scale / row_sum;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float grad = __expf(x[j] - max_logit) * factor - (j == target ? grad_scale : 0.0f);
-    dlogits[row * vocab + j] = from_float<T>(grad);
-  }
-}
-
-}  // namespace
+using cuda::LaunchShape;
 
 LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
                                      const Tensor& targets, int64_t tile_rows, float grad_scale,
@@ -160,7 +83,8 @@ LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
     const Tensor logit_tile = logits.tensor().slice_rows(0, n);
     cuda::dispatch_float(hidden, op, [&](auto tag) {
       using T = decltype(tag);
-      gather_rows_kernel<<<cuda::blocks_for(n * width), kThreads, 0, stream_>>>(
+      const LaunchShape shape = cuda::elementwise_launch(n * width);
+      cuda::gather_rows_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
           static_cast<T*>(h_tile.data), static_cast<const T*>(hidden.data), source_rows + start, n,
           width);
     });
@@ -169,7 +93,8 @@ LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
     gemm(h_tile, false, weight, true, logit_tile, 1.0f, 0.0f);
     cuda::dispatch_float(hidden, op, [&](auto tag) {
       using T = decltype(tag);
-      loss_rows_kernel<<<unsigned(n), kThreads, 0, stream_>>>(
+      const LaunchShape shape = cuda::block_per_row_launch(n);
+      cuda::loss_rows_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
           logits.f32(), vocab, tile_targets + start, row_loss.f32() + start,
           row_correct.i32() + start, with_grad ? static_cast<T*>(dlogits.tensor().data) : nullptr,
           grad_scale);
@@ -184,7 +109,8 @@ LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
     gemm(dlogit_tile, true, h_tile, false, dweight, 1.0f, 1.0f);
     cuda::dispatch_float(hidden, op, [&](auto tag) {
       using T = decltype(tag);
-      scatter_rows_kernel<<<cuda::blocks_for(n * width), kThreads, 0, stream_>>>(
+      const LaunchShape shape = cuda::elementwise_launch(n * width);
+      cuda::scatter_rows_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
           static_cast<T*>(dhidden.data), static_cast<const T*>(dh_tile.data), source_rows + start,
           n, width);
     });
