@@ -314,7 +314,17 @@ void Checkpointer::prune(const std::string& keep_folder) {
 
 TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& optimizer) {
   Watchdog::SlowWork slow(world_.watchdog().get(), "reading a checkpoint");
-  verify_checkpoint(folder);
+  // Rank 0 alone reads every file for its checksum, and every rank learns the verdict: the
+  // other ranks read only what they load (docs/checkpoints.md).
+  std::string corrupt;
+  if (world_.rank() == 0) {
+    try {
+      verify_checkpoint(folder);
+    } catch (const CheckpointError& error) {
+      corrupt = error.what();
+    }
+  }
+  agree_on_failure(world_, corrupt, ExitCode::bad_input);
   const TrainerState state = read_trainer_state(folder);
   const std::string state_path = folder + "/" + kCheckpointStateFile;
   const ModelConfig& recorded = state.model.model;
@@ -359,7 +369,14 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
       SafetensorsReader shard(path);
       const std::vector<std::pair<int64_t, int64_t>> ranges = optimizer_file_ranges(shard, total);
       int64_t count = 0;
-      for (const auto& [begin, end] : ranges) count += end - begin;
+      bool overlaps = false;
+      for (const auto& [begin, end] : ranges) {
+        count += end - begin;
+        for (const ShardSegment& segment : mine)
+          overlaps = overlaps || (std::max(begin, segment.begin) < std::min(end, segment.end));
+      }
+      // Another rank's moments: not read at all.
+      if (!overlaps) continue;
       std::vector<float> file_first(static_cast<size_t>(count)), file_second(file_first.size());
       shard.read_f32("exp_avg", {count}, file_first.data());
       shard.read_f32("exp_avg_sq", {count}, file_second.data());
