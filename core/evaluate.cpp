@@ -53,19 +53,17 @@ QueryPlacement query_placement(const Dataset& dataset, int64_t sequences, int64_
 }
 
 std::string describe_placement(const QueryPlacement& placement) {
-  auto slash_joined = [](const std::vector<int64_t>& values, bool indices) {
-    std::string text;
-    for (size_t i = 0; i < values.size(); ++i)
-      text += (i ? "/" : "") + std::to_string(indices ? int64_t(i) : values[i]);
-    return text;
-  };
+  std::string ranks, keys;
+  for (size_t rank = 0; rank < placement.keys_per_rank.size(); ++rank) {
+    ranks += (rank ? "/" : "") + std::to_string(rank);
+    keys += (rank ? "/" : "") + std::to_string(placement.keys_per_rank[rank]);
+  }
   std::string asked;
   for (size_t rank = 0; rank < placement.asked_per_rank.size(); ++rank)
     if (placement.asked_per_rank[rank] > 0)
       asked += (asked.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) + ": " +
                std::to_string(placement.asked_per_rank[rank]);
-  return "keys on sp ranks " + slash_joined(placement.keys_per_rank, true) + ": " +
-         slash_joined(placement.keys_per_rank, false) + ", queries asked by " + asked + "; " +
+  return "keys on sp ranks " + ranks + ": " + keys + ", queries asked by " + asked + "; " +
          std::to_string(placement.across_ranks) + " of " + std::to_string(placement.queries) +
          " answers need attention across ranks";
 }

@@ -65,7 +65,7 @@ class DeviceTimeline {
   virtual void reset_origin() = 0;  // at the profiler's origin
   virtual void open(const char* phase) = 0;
   virtual void close() = 0;
-  // Waits for the device; the spans recorded since the last call, on kDeviceTrack.
+  // Waits for the device; the spans recorded since the last call, on the device tracks.
   virtual std::vector<TraceSpan> take() = 0;
 };
 
