@@ -15,6 +15,7 @@
 #include "core/job_agreement.h"
 #include "core/nonfinite.h"
 #include "core/safetensors.h"
+#include "core/safetensors_placed.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {
@@ -201,43 +202,61 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
   // size or stage can take any range from any file.
   const bool sharded = model.state().layout().world() > 1;
   const int shards = sharded ? world_.size() : 1;
+  // Pieces of at most one unit travel through the host (docs/memory.md, "Host memory per rank").
+  const int64_t piece = std::max<int64_t>(1, model.state().layout().max_padded_unit());
   if (sharded || world_.rank() == 0) {
-    const int64_t shard_numel = optimizer.first_moment().numel();
-    std::vector<float> first(static_cast<size_t>(shard_numel)), second(first.size());
-    backend_.download(first.data(), optimizer.first_moment());
-    backend_.download(second.data(), optimizer.second_moment());
-    std::vector<float> packed_first, packed_second;
     json ranges = json::array();
+    int64_t count = 0;
     for (const ShardSegment& segment : optimizer.segments()) {
       ranges.push_back({segment.begin, segment.end});
-      auto from = [&](const std::vector<float>& shard) {
-        return shard.begin() + segment.shard_begin;
-      };
-      packed_first.insert(packed_first.end(), from(first), from(first) + segment.size());
-      packed_second.insert(packed_second.end(), from(second), from(second) + segment.size());
+      count += segment.size();
     }
-    const int64_t count = int64_t(packed_first.size());
-    SafetensorsWriter moments;
-    moments.add("exp_avg", {count}, packed_first.data());
-    moments.add("exp_avg_sq", {count}, packed_second.data());
-    moments.set_metadata("ranges", ranges.dump());
-    moments.set_metadata("total", std::to_string(total));
-    moments.write(temp_path + "/" + optimizer_file_name(sharded ? world_.rank() : 0, shards));
+    const std::string path =
+        temp_path + "/" + optimizer_file_name(sharded ? world_.rank() : 0, shards);
+    const std::string header = placed_safetensors_header(
+        {{"exp_avg", {count}}, {"exp_avg_sq", {count}}},
+        {{"ranges", ranges.dump()}, {"total", std::to_string(total)}}, path);
+    create_placed_safetensors(path, header, 2 * uint64_t(count) * sizeof(float));
+    PlacedSafetensorsWriter moments(path, header.size());
+    std::vector<float> host;
+    int64_t packed = 0;  // where the segment starts in the file's tensors
+    for (const ShardSegment& segment : optimizer.segments()) {
+      for (int64_t done = 0; done < segment.size(); done += piece) {
+        const int64_t n = std::min(piece, segment.size() - done);
+        host.resize(size_t(n));
+        backend_.download(host.data(),
+                          optimizer.first_moment().flat_range(segment.shard_begin + done, n));
+        moments.write(packed + done, n, host.data());
+        backend_.download(host.data(),
+                          optimizer.second_moment().flat_range(segment.shard_begin + done, n));
+        moments.write(count + packed + done, n, host.data());
+      }
+      packed += segment.size();
+    }
+    moments.finish();
   }
-  // Every rank takes part in gathering the weights; rank 0 writes them.
-  std::vector<float> host(world_.rank() == 0 ? static_cast<size_t>(total) : 0);
-  model.download_weights(world_.rank() == 0 ? host.data() : nullptr);
+  // The weights file: rank 0 creates it, then each rank writes the master weights it
+  // stores at their offsets, one unit at a time (docs/checkpoints.md, "Writing the weights").
+  const std::string weights_path = temp_path + "/" + kCheckpointModelFile;
+  std::vector<NamedShape> tensors;
+  for (const ParamSpec& spec : table.specs()) tensors.push_back({spec.name, spec.shape});
+  const std::string header = placed_safetensors_header(
+      tensors,
+      {{"format", "ulysses"}, {"step", std::to_string(step)}, {"family", config_.model.family}},
+      weights_path);
+  if (world_.rank() == 0)
+    create_placed_safetensors(weights_path, header, uint64_t(total) * sizeof(float));
+  world_.barrier();
+  if (sharded || world_.rank() == 0) {
+    PlacedSafetensorsWriter weights(weights_path, header.size());
+    model.state().download_stored_weights([&](int64_t begin, int64_t count, const float* values) {
+      weights.write(begin, count, values);
+    });
+    weights.finish();
+  }
   world_.barrier();
 
   if (world_.rank() == 0) {
-    SafetensorsWriter weights;
-    for (const ParamSpec& spec : table.specs())
-      weights.add(spec.name, spec.shape, host.data() + spec.offset);
-    weights.set_metadata("format", "ulysses");
-    weights.set_metadata("step", std::to_string(step));
-    weights.set_metadata("family", config_.model.family);
-    weights.write(temp_path + "/" + kCheckpointModelFile);
-
     TrainerState state;
     state.step = step;
     state.sequences_per_step = int64_t(config_.train.grad_accum) * config_.train.batch_size *
@@ -345,22 +364,27 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
 
   const ParamTable& table = model.table();
   const int64_t total = table.total_numel();
-  std::vector<float> host(static_cast<size_t>(total));
+  // Each rank reads only the ranges it stores, straight from the mapped file.
   try {
     SafetensorsReader weights(folder + "/" + kCheckpointModelFile);
-    for (const ParamSpec& spec : table.specs())
-      weights.read_f32(spec.name, spec.shape, host.data() + spec.offset);
+    for (const ParamSpec& spec : table.specs()) weights.require_shape(spec.name, spec.shape);
+    model.load_weights([&](int64_t begin, int64_t count, float* out) {
+      for_each_tensor_piece(table, begin, count,
+                            [&](const ParamSpec& spec, int64_t first, int64_t n, int64_t done) {
+                              weights.read_f32_range(spec.name, first, n, out + done);
+                            });
+    });
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& error) {
     throw CheckpointError(error.what());
   }
-  model.load_weights(host.data());
 
-  // This rank's moments: the parts of every file's ranges that overlap its own segments.
+  // This rank's moments: the parts of every file's ranges that overlap its own segments,
+  // moved to the device a piece of at most one unit at a time.
+  const int64_t piece = std::max<int64_t>(1, model.state().layout().max_padded_unit());
   const std::vector<ShardSegment>& mine = optimizer.segments();
-  std::vector<float> first(static_cast<size_t>(optimizer.first_moment().numel()));
-  std::vector<float> second(first.size());
+  std::vector<float> host;
   int64_t needed = 0, covered = 0;
   for (const ShardSegment& segment : mine) needed += segment.size();
   for (const std::string& shard_name : state.optimizer_shards) {
@@ -377,20 +401,24 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
       }
       // Another rank's moments: not read at all.
       if (!overlaps) continue;
-      std::vector<float> file_first(static_cast<size_t>(count)), file_second(file_first.size());
-      shard.read_f32("exp_avg", {count}, file_first.data());
-      shard.read_f32("exp_avg_sq", {count}, file_second.data());
+      shard.require_shape("exp_avg", {count});
+      shard.require_shape("exp_avg_sq", {count});
       int64_t packed = 0;  // where the current range starts in the file's tensors
       for (const auto& [begin, end] : ranges) {
         for (const ShardSegment& segment : mine) {
           const int64_t overlap_begin = std::max(begin, segment.begin);
           const int64_t overlap_end = std::min(end, segment.end);
-          if (overlap_begin >= overlap_end) continue;
-          const int64_t from = packed + (overlap_begin - begin);
-          const int64_t to = segment.shard_begin + (overlap_begin - segment.begin);
-          std::copy_n(file_first.begin() + from, overlap_end - overlap_begin, first.begin() + to);
-          std::copy_n(file_second.begin() + from, overlap_end - overlap_begin, second.begin() + to);
-          covered += overlap_end - overlap_begin;
+          for (int64_t at = overlap_begin; at < overlap_end; at += piece) {
+            const int64_t n = std::min(piece, overlap_end - at);
+            const int64_t from = packed + (at - begin);
+            const int64_t to = segment.shard_begin + (at - segment.begin);
+            host.resize(size_t(n));
+            shard.read_f32_range("exp_avg", from, n, host.data());
+            backend_.upload(optimizer.first_moment().flat_range(to, n), host.data());
+            shard.read_f32_range("exp_avg_sq", from, n, host.data());
+            backend_.upload(optimizer.second_moment().flat_range(to, n), host.data());
+            covered += n;
+          }
         }
         packed += end - begin;
       }
@@ -404,8 +432,6 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
     throw CheckpointError("the optimizer files of '" + folder + "' cover " +
                           std::to_string(covered) + " of the " + std::to_string(needed) +
                           " elements this rank needs");
-  backend_.upload(optimizer.first_moment(), first.data());
-  backend_.upload(optimizer.second_moment(), second.data());
   return state;
 }
 

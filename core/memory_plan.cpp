@@ -33,9 +33,13 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   plan.grad_comm_bytes =
       after.reduce_bytes + after.gather_bytes - before.reduce_bytes - before.gather_bytes;
   plan.host_checkpoints = stats.peak[int(MemCategory::checkpoints_host)];
-  // Model::init_weights, Trainer::load_initial_weights and the checkpoint writer each hold
-  // one fp32 value per parameter on the host (docs/memory.md, "Known limits").
-  plan.host_weights_io = plan.num_params * int64_t(sizeof(float));
+  // Initialising, loading and saving the weights and moments move one ZeRO unit at a time
+  // through the host; a curriculum's stage change keeps the weights this rank stores there
+  // (docs/memory.md, "Host memory per rank").
+  plan.host_weights_io = state.layout().max_padded_unit() * int64_t(sizeof(float));
+  if (!config.train.seq_len_schedule.empty())
+    plan.host_weights_io =
+        std::max(plan.host_weights_io, state.layout().shard_numel() * int64_t(sizeof(float)));
   if (config.device == "cuda")
     for (const Comm* comm : comms)
       plan.host_staging =

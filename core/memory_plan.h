@@ -28,8 +28,8 @@ struct MemoryPlan {
   int64_t grad_comm_bytes = 0;
   // Host memory per rank, untracked by the device budget.
   int64_t host_checkpoints = 0;  // memory.offload_checkpoints (checkpoints_host)
-  int64_t host_weights_io = 0;   // a whole fp32 copy to initialise or load the weights
-                                 // (every rank) and to save a checkpoint (rank 0)
+  int64_t host_weights_io = 0;   // weights and moments in and out: one unit at a time, or
+                                 // the rank's stored weights at a curriculum stage change
   int64_t host_staging = 0;      // cuda without NCCL: the largest collective staged at once
   bool workspace_bound = false;  // a cuDNN workspace was charged at its documented bound
 };

@@ -1,43 +1,15 @@
 #include "core/model.h"
 
 #include <algorithm>
-#include <cmath>
-#include <random>
 #include <stdexcept>
+
+#include "core/param_init.h"
 
 namespace ulysses {
 
 namespace {
 
 using R = ParamRole;
-
-// Normal samples from a seeded 64-bit Mersenne twister with Box-Muller, so weights are
-// the same on every platform and rank.
-class NormalSampler {
- public:
-  explicit NormalSampler(uint64_t seed) : engine_(seed) {}
-  float next(float stddev) {
-    if (has_spare_) {
-      has_spare_ = false;
-      return float(spare_ * stddev);
-    }
-    double u1 = (double(engine_() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    double u2 = double(engine_() >> 11) * 0x1.0p-53;
-    double radius = std::sqrt(-2.0 * std::log(u1));
-    spare_ = radius * std::sin(2.0 * M_PI * u2);
-    has_spare_ = true;
-    return float(radius * std::cos(2.0 * M_PI * u2) * stddev);
-  }
-
- private:
-  std::mt19937_64 engine_;
-  double spare_ = 0.0;
-  bool has_spare_ = false;
-};
-
-}  // namespace
-
-namespace {
 
 int64_t bucket_elements(double bucket_mb) {
   return std::max<int64_t>(1, int64_t(bucket_mb * 1024.0 * 1024.0 / 4.0));
@@ -96,30 +68,13 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
 }
 
 void Model::init_weights(uint64_t seed) {
-  NormalSampler sampler(seed);
-  const float stddev = 0.02f;
-  const float residual_stddev = stddev / std::sqrt(2.0f * float(model_config_.n_layers));
-  std::vector<float> host(size_t(table_.total_numel()));
-  for (const ParamSpec& spec : table_.specs()) {
-    float* values = host.data() + spec.offset;
-    for (int64_t i = 0; i < spec.numel; ++i) {
-      switch (spec.init) {
-        case ParamSpec::Init::normal:
-          values[i] = sampler.next(stddev);
-          break;
-        case ParamSpec::Init::residual_normal:
-          values[i] = sampler.next(residual_stddev);
-          break;
-        case ParamSpec::Init::ones:
-          values[i] = 1.0f;
-          break;
-        case ParamSpec::Init::zeros:
-          values[i] = 0.0f;
-          break;
-      }
-    }
-  }
-  load_weights(host.data());
+  load_weights([&](int64_t begin, int64_t count, float* out) {
+    initial_weights(table_, model_config_.n_layers, seed, begin, count, out);
+  });
+}
+
+void Model::load_weights(const FlatRangeReader& read) {
+  state_.upload_weights(read);
 }
 
 void Model::load_weights(const float* host) {

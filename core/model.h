@@ -42,8 +42,11 @@ class Model {
   ZeroState& state() { return state_; }
   const ZeroState& state() const { return state_; }
 
-  // Collective. Deterministic in seed: every rank of every world size gets the same weights.
+  // Collective. Deterministic in seed: every rank of every world size gets the same weights
+  // (core/param_init.h), and each makes only the ranges it stores.
   void init_weights(uint64_t seed);
+  // Collective: read is asked only for the ranges this rank stores, one unit at a time.
+  void load_weights(const FlatRangeReader& read);
   // Collective; host holds num_params() f32 values laid out by the table.
   void load_weights(const float* host);
   // Collective; host may be null on ranks that do not need the values.

@@ -1,5 +1,6 @@
 #include "core/params.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace ulysses {
@@ -118,6 +119,27 @@ Tensor ParamTable::view(const Tensor& window, int64_t window_begin, const ParamS
   Tensor whole = window.flat_range(spec.offset - window_begin, spec.numel);
   if (spec.shape.size() == 1) return whole;
   return whole.reshape({spec.shape[0], spec.shape[1]});
+}
+
+void for_each_tensor_piece(const ParamTable& table, int64_t begin, int64_t count,
+                           const std::function<void(const ParamSpec& spec, int64_t first, int64_t n,
+                                                    int64_t done)>& piece) {
+  if (begin < 0 || count < 0 || begin + count > table.total_numel())
+    throw std::out_of_range("parameter elements [" + std::to_string(begin) + ", " +
+                            std::to_string(begin + count) + ") asked for; the table has " +
+                            std::to_string(table.total_numel()));
+  const std::vector<ParamSpec>& specs = table.specs();
+  // The first tensor that ends after begin.
+  auto spec = std::upper_bound(
+      specs.begin(), specs.end(), begin,
+      [](int64_t element, const ParamSpec& s) { return element < s.offset + s.numel; });
+  for (int64_t done = 0; done < count; ++spec) {
+    const int64_t first = begin + done - spec->offset;
+    const int64_t n = std::min(count - done, spec->numel - first);
+    if (n <= 0) continue;  // an empty tensor
+    piece(*spec, first, n, done);
+    done += n;
+  }
 }
 
 std::vector<int64_t> shard_unit_ends(const ParamTable& table, int64_t bucket_elements) {

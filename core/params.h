@@ -1,9 +1,10 @@
-// The one table of parameter tensors (docs/design.md, "One table of parameters"). Allocation into the flat buffer,
-// the views forward/backward use, gradients, optimizer state, checkpoints and
+// The one table of parameter tensors (docs/design.md, "One table of parameters"). Allocation into
+// the flat buffer, the views forward/backward use, gradients, optimizer state, checkpoints and
 // import/export are all derived from it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,13 @@ class ParamTable {
   int n_layers_;
   int64_t total_numel_ = 0;
 };
+
+// The tensors that flat elements [begin, begin + count) fall in, in flat order: calls
+// piece(spec, first, n, done) for elements [first, first + n) of spec, which are the range's
+// elements [done, done + n). Throws std::out_of_range when the range leaves the buffer.
+void for_each_tensor_piece(const ParamTable& table, int64_t begin, int64_t count,
+                           const std::function<void(const ParamSpec& spec, int64_t first, int64_t n,
+                                                    int64_t done)>& piece);
 
 // The ZeRO units of the table (parallel/shard_layout.h), as the end of each: the tensors
 // before the first layer, then runs of whole consecutive layers of at most bucket_elements

@@ -35,8 +35,8 @@ void print_memory_plan(std::ostream& out, const MemoryPlan& plan) {
   out << "  sent per step per rank: all-to-all " << format_bytes(plan.all_to_all_bytes)
       << ", gradient and weight collectives " << format_bytes(plan.grad_comm_bytes) << "\n";
   out << "  host per rank: offloaded checkpoints " << format_bytes(plan.host_checkpoints)
-      << ", weights I/O copy " << format_bytes(plan.host_weights_io)
-      << " (init/load on every rank, checkpoint save on rank 0)";
+      << ", weights I/O " << format_bytes(plan.host_weights_io)
+      << " (one ZeRO unit at a time; a curriculum keeps this rank's stored weights)";
   if (plan.host_staging > 0)
     out << ", pinned staging without NCCL up to " << format_bytes(plan.host_staging);
   out << "\n";

@@ -328,26 +328,52 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const 
   return entries_[found->second];
 }
 
-void SafetensorsReader::read_f32(const std::string& name,
-                                 const std::vector<int64_t>& expected_shape, float* out) const {
+void SafetensorsReader::require_shape(const std::string& name,
+                                      const std::vector<int64_t>& expected_shape) const {
   const SafetensorsEntry& tensor = entry(name);
   if (tensor.shape != expected_shape) {
     throw std::runtime_error(error("tensor '" + name + "' has shape " + shape_string(tensor.shape) +
                                    " but " + shape_string(expected_shape) + " was expected"));
   }
-  const uint8_t* source = data_ + tensor.begin;
-  const int64_t count = tensor.numel();
+}
+
+void SafetensorsReader::read_f32(const std::string& name,
+                                 const std::vector<int64_t>& expected_shape, float* out) const {
+  require_shape(name, expected_shape);
+  read_f32_range(name, 0, entry(name).numel(), out);
+}
+
+void SafetensorsReader::read_f32_range(const std::string& name, int64_t first, int64_t count,
+                                       float* out) const {
+  const SafetensorsEntry& tensor = entry(name);
+  if (first < 0 || count < 0 || first + count > tensor.numel())
+    throw std::logic_error(error("elements [" + std::to_string(first) + ", " +
+                                 std::to_string(first + count) + ") of tensor '" + name +
+                                 "' asked for; it has " + std::to_string(tensor.numel())));
   if (count == 0) return;
+  const size_t element_size = safetensors_dtype_size(tensor.dtype);
+  const uint8_t* source = data_ + tensor.begin + size_t(first) * element_size;
   if (tensor.dtype == "F32") {
     std::memcpy(out, source, static_cast<size_t>(count) * sizeof(float));
-    return;
+  } else {
+    const bool is_bf16 = tensor.dtype == "BF16";
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, source + 2 * i, sizeof(bits));  // offsets need not be aligned
+      out[i] = is_bf16 ? bf16_to_float(bits) : f16_to_float(bits);
+    }
   }
-  const bool is_bf16 = tensor.dtype == "BF16";
-  for (int64_t i = 0; i < count; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, source + 2 * i, sizeof(bits));  // offsets need not be aligned
-    out[i] = is_bf16 ? bf16_to_float(bits) : f16_to_float(bits);
-  }
+  release_pages(source, size_t(count) * element_size);
+}
+
+void SafetensorsReader::release_pages(const uint8_t* begin, size_t bytes) const {
+  // The range's pages leave this process (they stay in the page cache): a rank reading its
+  // share piece by piece never has more than a piece of the file mapped in memory. The
+  // mapping is private and read-only, so dropping a page only means reading it again.
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
+  const uintptr_t last = reinterpret_cast<uintptr_t>(begin) + bytes;
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 SafetensorsWriter::PendingTensor& SafetensorsWriter::start_tensor(const std::string& name,
@@ -398,17 +424,15 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
   metadata_[key] = value;
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
-  // Metadata first, then tensors in the order they were added, matching their offsets.
+std::string safetensors_header_bytes(const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata,
+                                     const std::string& path) {
+  // Metadata first, then the tensors in the order given, matching their offsets.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  uint64_t offset = 0;
-  for (const auto& tensor : tensors_) {
-    header[tensor.name] = {{"dtype", tensor.dtype},
-                           {"shape", tensor.shape},
-                           {"data_offsets", {offset, offset + tensor.bytes.size()}}};
-    offset += tensor.bytes.size();
-  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const SafetensorsEntry& entry : entries)
+    header[entry.name] = {
+        {"dtype", entry.dtype}, {"shape", entry.shape}, {"data_offsets", {entry.begin, entry.end}}};
   std::string header_text;
   try {
     header_text = header.dump();
@@ -419,6 +443,20 @@ void SafetensorsWriter::write(const std::string& path) const {
   // Trailing spaces are valid JSON and keep the data 8-byte aligned for memory-mapping.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_length = header_text.size();
+  std::string bytes(kHeaderLengthBytes, '\0');
+  std::memcpy(bytes.data(), &header_length, kHeaderLengthBytes);
+  return bytes + header_text;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  std::vector<SafetensorsEntry> entries;
+  uint64_t offset = 0;
+  for (const auto& tensor : tensors_) {
+    entries.push_back(
+        {tensor.name, tensor.dtype, tensor.shape, offset, offset + tensor.bytes.size()});
+    offset += tensor.bytes.size();
+  }
+  const std::string header = safetensors_header_bytes(entries, metadata_, path);
 
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -426,8 +464,7 @@ void SafetensorsWriter::write(const std::string& path) const {
                              "': " + std::strerror(errno));
   }
   try {
-    write_all(fd, &header_length, sizeof(header_length), path);
-    write_all(fd, header_text.data(), header_text.size(), path);
+    write_all(fd, header.data(), header.size(), path);
     for (const auto& tensor : tensors_)
       write_all(fd, tensor.bytes.data(), tensor.bytes.size(), path);
     if (::fsync(fd) != 0) {

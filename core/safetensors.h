@@ -71,9 +71,15 @@ class SafetensorsReader {
   // missing or the stored shape differs from expected_shape.
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
                 float* out) const;
+  // Throws, as read_f32 does, if there is no tensor of that name or its shape differs.
+  void require_shape(const std::string& name, const std::vector<int64_t>& expected_shape) const;
+  // Elements [first, first + count) of the tensor (flat, row-major), converted to float.
+  void read_f32_range(const std::string& name, int64_t first, int64_t count, float* out) const;
 
  private:
   void unmap();
+  // Drops the pages of [begin, begin + bytes) from this process's memory.
+  void release_pages(const uint8_t* begin, size_t bytes) const;
   std::string error(const std::string& problem) const;
 
   std::string path_;
@@ -84,6 +90,13 @@ class SafetensorsReader {
   std::map<std::string, size_t> index_;  // name -> position in entries_
   std::map<std::string, std::string> metadata_;
 };
+
+// The bytes a file starts with: the u64 header length, then the JSON header listing
+// metadata and entries (in the order given, with their offsets), padded with spaces so the
+// data is 8-byte aligned. path only names the file in errors.
+std::string safetensors_header_bytes(const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata,
+                                     const std::string& path);
 
 // Collects tensors (copied at add time) and metadata, then writes one file. Tensors are
 // stored in the order they were added; the header is padded so the data is 8-byte aligned.

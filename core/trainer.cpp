@@ -86,13 +86,16 @@ void Trainer::follow_seq_len_schedule() {
       stage_at(seq_len_stages_, config_.train.seq_len, config_.train.batch_size, step_);
   if (stage.seq_len == seq_len_ && stage.batch_size == batch_size_) return;
   const int64_t previous_len = seq_len_, previous_batch = batch_size_;
-  // The weights move to the model built for the new shape through the host; the optimizer's
-  // moments stay where they are (the parameter layout does not depend on the shape).
-  std::vector<float> weights(size_t(model_->num_params()));
-  model_->download_weights(weights.data());
+  // The weights move to the model built for the new shape through the host, each rank with
+  // only the ranges it stores (the new model stores the same ones: the parameter layout does
+  // not depend on the shape); the optimizer's moments stay where they are.
+  StoredWeights stored;
+  model_->state().download_stored_weights(
+      [&](int64_t begin, int64_t count, const float* values) { stored.add(begin, count, values); });
   model_.reset();  // before the new one: the two are never allocated at once
   build_model(stage);
-  model_->load_weights(weights.data());
+  model_->load_weights(
+      [&](int64_t begin, int64_t count, float* out) { stored.read(begin, count, out); });
   open_data();
   if (mesh_.world->rank() == 0)
     spdlog::info(
@@ -122,9 +125,9 @@ void Trainer::set_phase(const char* phase) const {
 void Trainer::load_initial_weights() {
   const std::string& path = config_.model.init_from;
   if (path.empty()) return;
-  std::vector<float> host(size_t(model_->num_params()));
-  load_pretrained_weights(path, config_.model, model_->table(), host);
-  model_->load_weights(host.data());
+  const PretrainedWeights weights(path, config_.model, model_->table());
+  model_->load_weights(
+      [&](int64_t begin, int64_t count, float* out) { weights.read(begin, count, out); });
   if (mesh_.world->rank() == 0) spdlog::info("initial weights from {}", path);
 }
 

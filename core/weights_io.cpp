@@ -1,9 +1,13 @@
 #include "core/weights_io.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -154,8 +158,8 @@ bool check_hf_config(const std::string& config_path, const ModelConfig& model) {
   return tie.get<bool>();
 }
 
-void load_hf_llama(const std::string& folder, const ModelConfig& model, const ParamTable& table,
-                   std::vector<float>& params) {
+void open_hf_llama(const std::string& folder, const ModelConfig& model, const ParamTable& table,
+                   PretrainedWeights::Files& files) {
   if (model.family != "llama")
     fail(in_quotes(folder) + " is a Hugging Face Llama model, but model.family is " + model.family);
   const bool tied = check_hf_config(folder + "/" + kHfConfigFile, model);
@@ -181,7 +185,7 @@ void load_hf_llama(const std::string& folder, const ModelConfig& model, const Pa
          kHfIndexFile);
   }
 
-  std::map<std::string, SafetensorsReader> readers;  // by file name, opened on first use
+  std::map<std::string, SafetensorsReader>& readers = files.safetensors;  // opened on first use
   auto reader_of = [&](const std::string& tensor) -> const SafetensorsReader& {
     std::string file = kWeightsFile;
     if (sharded) {
@@ -191,13 +195,13 @@ void load_hf_llama(const std::string& folder, const ModelConfig& model, const Pa
              " does not list it in its weight_map");
       file = found->second;
     }
-    auto open = readers.find(file);
+    auto open = readers.find(folder + "/" + file);
     if (open == readers.end()) {
       const std::string path = folder + "/" + file;
       if (!fs::exists(path))
         fail("shard " + in_quotes(path) + ", listed in " + in_quotes(index_path) + " for '" +
              tensor + "', is missing");
-      open = readers.emplace(file, SafetensorsReader(path)).first;
+      open = readers.emplace(path, SafetensorsReader(path)).first;
     }
     return open->second;
   };
@@ -213,7 +217,8 @@ void load_hf_llama(const std::string& folder, const ModelConfig& model, const Pa
       fail(
           "tensor '" + source + "' is missing from " + in_quotes(reader.path()) +
           (spec.role == ParamRole::lm_head ? " (config.json says tie_word_embeddings false)" : ""));
-    reader.read_f32(source, spec.shape, params.data() + spec.offset);
+    reader.require_shape(source, spec.shape);
+    files.tensors.push_back({reader.path(), source, -1});
     used.insert(source);
   }
 
@@ -226,8 +231,8 @@ void load_hf_llama(const std::string& folder, const ModelConfig& model, const Pa
                  unused.front());
 }
 
-void load_llmc(const std::string& path, const ModelConfig& model, const ParamTable& table,
-               std::vector<float>& params) {
+void open_llmc(const std::string& path, const ModelConfig& model, const ParamTable& table,
+               PretrainedWeights::Files& files) {
   std::error_code error;
   const uint64_t file_bytes = fs::file_size(path, error);
   if (error) fail("cannot read " + in_quotes(path) + ": " + error.message());
@@ -275,17 +280,21 @@ void load_llmc(const std::string& path, const ModelConfig& model, const ParamTab
     fail(in_quotes(path) + " has " + std::to_string(file_bytes - expected_bytes) +
          " bytes after the last parameter its header describes");
 
+  // Where each tensor starts in the file; rows [V, Vp) of wte are llm.c's padding, never read.
+  std::vector<int64_t> start(table.specs().size());
+  int64_t offset = kLlmcHeaderBytes;
   for (const ParamSpec* spec : llmc_order(table)) {
-    in.read(reinterpret_cast<char*>(params.data() + spec->offset),
-            std::streamsize(spec->numel) * std::streamsize(sizeof(float)));
-    // Rows [V, Vp) of wte are llm.c's padding, never used.
-    if (spec->role == ParamRole::token_embedding) in.seekg(padding_bytes, std::ios::cur);
+    start[size_t(spec - table.specs().data())] = offset;
+    offset += spec->numel * int64_t(sizeof(float));
+    if (spec->role == ParamRole::token_embedding) offset += padding_bytes;
   }
-  if (!in) fail("reading " + in_quotes(path) + " failed (the file changed while it was read?)");
+  files.llmc_path = path;
+  for (const ParamSpec& spec : table.specs())
+    files.tensors.push_back({path, spec.name, start[size_t(&spec - table.specs().data())]});
 }
 
-void load_ulysses_checkpoint(const std::string& folder, const ModelConfig& model,
-                             const ParamTable& table, std::vector<float>& params) {
+void open_ulysses_checkpoint(const std::string& folder, const ModelConfig& model,
+                             const ParamTable& table, PretrainedWeights::Files& files) {
   verify_checkpoint(folder);
   const CheckpointModel recorded = read_checkpoint_model(folder);
   const ModelConfig& m = recorded.model;
@@ -309,7 +318,13 @@ void load_ulysses_checkpoint(const std::string& folder, const ModelConfig& model
   if (recorded.rope_theta)
     note_rope_theta("checkpoint " + in_quotes(folder), "rope_theta", *recorded.rope_theta,
                     model.rope_theta);
-  read_checkpoint_weights(folder, table, params);
+  const std::string path = folder + "/" + kCheckpointModelFile;
+  const SafetensorsReader& weights =
+      files.safetensors.emplace(path, SafetensorsReader(path)).first->second;
+  for (const ParamSpec& spec : table.specs()) {
+    weights.require_shape(spec.name, spec.shape);
+    files.tensors.push_back({path, spec.name, -1});
+  }
 }
 
 double parse_positive_number(const std::string& text, const std::string& where) {
@@ -373,38 +388,78 @@ void read_checkpoint_weights(const std::string& folder, const ParamTable& table,
 
 namespace {
 
-void load_weights_from(const std::string& path, const ModelConfig& model, const ParamTable& table,
-                       std::vector<float>& host_params) {
+void open_weights(const std::string& path, const ModelConfig& model, const ParamTable& table,
+                  PretrainedWeights::Files& files) {
   std::error_code error;
   if (fs::is_directory(path, error)) {
     if (fs::exists(path + "/" + kCheckpointManifestFile, error))
-      return load_ulysses_checkpoint(path, model, table, host_params);
+      return open_ulysses_checkpoint(path, model, table, files);
     if (fs::exists(path + "/" + kHfConfigFile, error))
-      return load_hf_llama(path, model, table, host_params);
+      return open_hf_llama(path, model, table, files);
     const std::string latest = find_latest_checkpoint(path);
-    if (!latest.empty()) return load_ulysses_checkpoint(latest, model, table, host_params);
+    if (!latest.empty()) return open_ulysses_checkpoint(latest, model, table, files);
     fail("model.init_from " + in_quotes(path) + " is a folder with neither " +
          kCheckpointManifestFile + " (a ulysses checkpoint), " + kHfConfigFile +
          " (a Hugging Face Llama model) nor an intact checkpoint step folder");
   }
-  if (fs::is_regular_file(path, error)) return load_llmc(path, model, table, host_params);
+  if (fs::is_regular_file(path, error)) return open_llmc(path, model, table, files);
   fail("model.init_from " + in_quotes(path) + " does not exist (or is not a file or folder)");
 }
 
-}  // namespace
-
-void load_pretrained_weights(const std::string& path, const ModelConfig& model,
-                             const ParamTable& table, std::vector<float>& host_params) {
-  host_params.resize(size_t(table.total_numel()));
+// Errors of the files' readers name the file: they become WeightsError.
+template <typename Action>
+void as_weights_error(Action action) {
   try {
-    load_weights_from(path, model, table, host_params);
+    action();
   } catch (const WeightsError&) {
     throw;
   } catch (const CheckpointError&) {
     throw;
-  } catch (const std::runtime_error& error) {  // the safetensors reader's, naming the file
+  } catch (const std::runtime_error& error) {
     throw WeightsError(error.what());
   }
+}
+
+}  // namespace
+
+PretrainedWeights::PretrainedWeights(const std::string& path, const ModelConfig& model,
+                                     const ParamTable& table)
+    : table_(&table) {
+  as_weights_error([&] { open_weights(path, model, table, files_); });
+  if (!files_.llmc_path.empty()) {
+    llmc_fd_ = ::open(files_.llmc_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (llmc_fd_ < 0)
+      fail("cannot read " + in_quotes(files_.llmc_path) + ": " + std::strerror(errno));
+  }
+}
+
+PretrainedWeights::~PretrainedWeights() {
+  if (llmc_fd_ >= 0) ::close(llmc_fd_);
+}
+
+void PretrainedWeights::read(int64_t begin, int64_t count, float* out) const {
+  as_weights_error([&] {
+    for_each_tensor_piece(
+        *table_, begin, count, [&](const ParamSpec& spec, int64_t first, int64_t n, int64_t done) {
+          const Files::Tensor& tensor = files_.tensors[size_t(&spec - table_->specs().data())];
+          if (tensor.file_offset < 0) {
+            files_.safetensors.at(tensor.file).read_f32_range(tensor.name, first, n, out + done);
+            return;
+          }
+          const size_t bytes = size_t(n) * sizeof(float);
+          const off_t at = off_t(tensor.file_offset + first * int64_t(sizeof(float)));
+          if (::pread(llmc_fd_, out + done, bytes, at) != ssize_t(bytes))
+            fail("reading " + in_quotes(tensor.file) +
+                 " failed (the file changed while it was read?)");
+        });
+  });
+}
+
+void load_pretrained_weights(const std::string& path, const ModelConfig& model,
+                             const ParamTable& table, std::vector<float>& host_params) {
+  const PretrainedWeights weights(path, model, table);
+  host_params.resize(size_t(table.total_numel()));
+  weights.read(0, table.total_numel(), host_params.data());
 }
 
 }  // namespace ulysses

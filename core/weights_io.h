@@ -3,12 +3,15 @@
 // checkpoint's own model.safetensors.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "core/params.h"
+#include "core/safetensors.h"
 
 namespace ulysses {
 
@@ -19,10 +22,41 @@ class WeightsError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Reads pretrained weights for model.init_from into host_params (laid out by table):
-// a Hugging Face Llama folder, an llm.c GPT-2 .bin file or a ulysses checkpoint folder.
-// The shapes must match the configured model; errors (WeightsError) name the file and the
-// mismatch.
+// Pretrained weights for model.init_from: a Hugging Face Llama folder, an llm.c GPT-2 .bin
+// file or a ulysses checkpoint folder. Opening checks every tensor against the configured
+// model (shapes, names, the format's config) without reading the values; read() then reads
+// only the ranges asked for, from the memory-mapped safetensors files or by offset from the
+// llm.c file, so each rank reads only what it stores (docs/memory.md, "Host memory per
+// rank"). Errors (WeightsError) name the file and the mismatch.
+class PretrainedWeights {
+ public:
+  // Where each tensor of the table is read from; filled by opening.
+  struct Files {
+    struct Tensor {
+      std::string file;          // the file's path
+      std::string name;          // the tensor's name in a safetensors file
+      int64_t file_offset = -1;  // llm.c: where its f32 values start; -1 for safetensors
+    };
+    std::map<std::string, SafetensorsReader> safetensors;  // by path
+    std::string llmc_path;                                 // or "" when none
+    std::vector<Tensor> tensors;                           // by the table's tensor index
+  };
+
+  PretrainedWeights(const std::string& path, const ModelConfig& model, const ParamTable& table);
+  ~PretrainedWeights();
+  PretrainedWeights(const PretrainedWeights&) = delete;
+  PretrainedWeights& operator=(const PretrainedWeights&) = delete;
+
+  // Fills out[0, count) with flat elements [begin, begin + count) of the table's buffer.
+  void read(int64_t begin, int64_t count, float* out) const;
+
+ private:
+  const ParamTable* table_;
+  Files files_;
+  int llmc_fd_ = -1;
+};
+
+// All of them into host_params (laid out by table), for the tools that run on one rank.
 void load_pretrained_weights(const std::string& path, const ModelConfig& model,
                              const ParamTable& table, std::vector<float>& host_params);
 

@@ -1,6 +1,6 @@
 #include "core/weights_source.h"
 
-#include <vector>
+#include <memory>
 
 #include "core/checkpoint_format.h"
 #include "core/job_agreement.h"
@@ -11,7 +11,7 @@ namespace ulysses {
 std::string load_weight_source(const WeightSource& source, const ModelConfig& config, Model& model,
                                Comm& world) {
   std::string path = source.init_from;
-  std::vector<float> host(size_t(model.num_params()));
+  std::unique_ptr<PretrainedWeights> weights;
   std::string error;
   try {
     if (!source.checkpoint.empty()) {
@@ -19,13 +19,15 @@ std::string load_weight_source(const WeightSource& source, const ModelConfig& co
       if (path.empty())
         throw CheckpointError("--checkpoint: " + why_no_checkpoint_in(source.checkpoint));
     }
-    load_pretrained_weights(path, config, model.table(), host);
+    weights = std::make_unique<PretrainedWeights>(path, config, model.table());
   } catch (const std::exception& problem) {
     if (exit_code_for(problem) != ExitCode::bad_input) throw;
     error = problem.what();
   }
   agree_on_failure(world, error, ExitCode::bad_input);
-  model.load_weights(host.data());
+  // Each rank reads only the ranges it stores.
+  model.load_weights(
+      [&](int64_t begin, int64_t count, float* out) { weights->read(begin, count, out); });
   return path;
 }
 

@@ -1,5 +1,6 @@
 #include "parallel/zero_state.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -278,15 +279,41 @@ void ZeroState::publish_weights() {
   }
 }
 
-void ZeroState::upload_weights(const float* host) {
-  if (!sharded()) {
-    backend_.upload(whole_weights_, host);
-  } else {
-    for (const ShardSegment& segment : layout_.segments())
-      backend_.upload(master_.tensor().flat_range(segment.shard_begin, segment.size()),
-                      host + segment.begin);
-  }
+const Tensor& ZeroState::master_weights() const {
+  return sharded() ? master_.tensor() : whole_weights_.tensor();
+}
+
+void ZeroState::for_each_stored_piece(
+    const std::function<void(int64_t begin, int64_t shard_begin, int64_t count)>& visit) const {
+  const int64_t piece = std::max<int64_t>(1, layout_.max_padded_unit());
+  for (const ShardSegment& segment : layout_.segments())
+    for (int64_t done = 0; done < segment.size(); done += piece)
+      visit(segment.begin + done, segment.shard_begin + done,
+            std::min(piece, segment.size() - done));
+}
+
+void ZeroState::upload_weights(const FlatRangeReader& read) {
+  std::vector<float> host;
+  for_each_stored_piece([&](int64_t begin, int64_t shard_begin, int64_t count) {
+    host.resize(size_t(count));
+    read(begin, count, host.data());
+    backend_.upload(master_weights().flat_range(shard_begin, count), host.data());
+  });
   publish_weights();
+}
+
+void ZeroState::download_stored_weights(const FlatRangeWriter& write) {
+  std::vector<float> host;
+  for_each_stored_piece([&](int64_t begin, int64_t shard_begin, int64_t count) {
+    host.resize(size_t(count));
+    backend_.download(host.data(), master_weights().flat_range(shard_begin, count));
+    write(begin, count, host.data());
+  });
+}
+
+void ZeroState::upload_weights(const float* host) {
+  upload_weights(
+      [host](int64_t begin, int64_t count, float* out) { std::copy_n(host + begin, count, out); });
 }
 
 void ZeroState::download_sharded(const Tensor& shard, float* host) {
@@ -313,6 +340,21 @@ void ZeroState::download_gradients(float* host) {
     return;
   }
   download_sharded(grad_shard_, host);
+}
+
+void StoredWeights::add(int64_t begin, int64_t count, const float* values) {
+  pieces_.push_back({begin, count, values_.size()});
+  values_.insert(values_.end(), values, values + count);
+}
+
+void StoredWeights::read(int64_t begin, int64_t count, float* out) const {
+  auto after = std::upper_bound(pieces_.begin(), pieces_.end(), begin,
+                                [](int64_t element, const Piece& p) { return element < p.begin; });
+  if (after == pieces_.begin() || begin + count > std::prev(after)->begin + std::prev(after)->count)
+    throw std::logic_error("weights [" + std::to_string(begin) + ", " +
+                           std::to_string(begin + count) + ") were not stored by this rank");
+  const Piece& piece = *std::prev(after);
+  std::copy_n(values_.begin() + ptrdiff_t(piece.at + size_t(begin - piece.begin)), count, out);
 }
 
 }  // namespace ulysses

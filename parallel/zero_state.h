@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -24,6 +25,11 @@
 #include "parallel/shard_layout.h"
 
 namespace ulysses {
+
+// Fills out[0, count) with flat elements [begin, begin + count) of the weights.
+using FlatRangeReader = std::function<void(int64_t begin, int64_t count, float* out)>;
+// Takes values of flat elements [begin, begin + count).
+using FlatRangeWriter = std::function<void(int64_t begin, int64_t count, const float* values)>;
 
 class ZeroState {
  public:
@@ -81,6 +87,15 @@ class ZeroState {
   // shards for stages 1 and 2, drops stage 3's gathered units).
   void publish_weights();
 
+  // ---- weights through the host, by the ranges this rank stores --------------------------
+  // Collective. Asks read for the flat ranges whose master weights this rank stores (its
+  // shard; all of them at stage 0) in pieces of at most one unit, so the host never holds
+  // more than one unit at a time (docs/memory.md, "Host memory per rank"), then publishes.
+  void upload_weights(const FlatRangeReader& read);
+  // Hands the master weights this rank stores to write, in flat order and in pieces of at
+  // most one unit. Not collective.
+  void download_stored_weights(const FlatRangeWriter& write);
+
   // ---- whole buffers on the host (collective) ------------------------------------------
   // host holds layout().total() floats in flat order; each rank keeps its part.
   void upload_weights(const float* host);
@@ -104,6 +119,12 @@ class ZeroState {
   // The unit's blocks of shard (any dtype) from every rank into padded_target.
   void gather_unit(int unit, const Tensor& shard, const Tensor& padded_target);
   void download_sharded(const Tensor& shard, float* host);
+  // The f32 master weights in shard space (stage 0: the whole weights).
+  const Tensor& master_weights() const;
+  // Calls visit(flat begin, shard begin, count) for this rank's segments cut into pieces of
+  // at most one unit.
+  void for_each_stored_piece(
+      const std::function<void(int64_t begin, int64_t shard_begin, int64_t count)>& visit) const;
 
   Backend& backend_;
   Comm& world_;
@@ -128,6 +149,25 @@ class ZeroState {
   std::vector<Buffer> gathered_;
   std::vector<int> gathered_unit_;
   std::vector<bool> gathered_in_use_;
+};
+
+// What a rank stores, kept on the host: filled by download_stored_weights and read back by
+// upload_weights of a state with the same layout (a model rebuilt for another sequence
+// length), so the host holds this rank's share, never the whole model.
+class StoredWeights {
+ public:
+  // Pieces are added in increasing flat order.
+  void add(int64_t begin, int64_t count, const float* values);
+  // Throws std::logic_error unless [begin, begin + count) lies inside one piece added.
+  void read(int64_t begin, int64_t count, float* out) const;
+
+ private:
+  struct Piece {
+    int64_t begin = 0, count = 0;
+    size_t at = 0;  // where its values start in values_
+  };
+  std::vector<Piece> pieces_;
+  std::vector<float> values_;
 };
 
 }  // namespace ulysses

@@ -2,7 +2,9 @@
 // arithmetic: losses, gradient norms and weights after 5 steps are bit-identical to values
 // recorded from the code before the schedule existed (tests/mpi/golden/schedule.txt), for
 // sp 1/2/4, ZeRO stages 0-3, with and without layer checkpointing, llama (GQA) and gpt2,
-// on 4 ranks. To re-record after an intended change of the arithmetic:
+// on 4 ranks. Re-recorded once when the initial weights became counter-based
+// (core/param_init.h); with the earlier initial weights put back, that code reproduced the
+// values recorded before it bit for bit. To re-record after an intended change of the arithmetic:
 //   ULYSSES_RECORD_SCHEDULE_GOLDEN=1 mpirun -np 4 build/tests/mpi/schedule_test
 #include <gtest/gtest.h>
 

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "core/config.h"
@@ -37,12 +38,12 @@ constexpr int kSteps = 5;
 // Stage 0 without checkpointing: the run every stage and setup is compared with. It depends
 // on the family and sp only, so each is trained once per process and kept for the later
 // tests (every rank runs the tests in the same order, so every rank trains the same ones).
-const TrainingOutcome& replicated_run(const std::string& family, int sp, Comm& world) {
-  static std::map<std::pair<std::string, int>, TrainingOutcome> runs;
-  auto [entry, added] = runs.try_emplace({family, sp});
+const TrainingOutcome& replicated_run(const std::string& family, int sp, int steps, Comm& world) {
+  static std::map<std::tuple<std::string, int, int>, TrainingOutcome> runs;
+  auto [entry, added] = runs.try_emplace({family, sp, steps});
   if (added)
     entry->second =
-        testing::train_for(testing::tiny_training_config(family, 4, sp, 2), world, kSteps);
+        testing::train_for(testing::tiny_training_config(family, 4, sp, 2), world, steps);
   return entry->second;
 }
 
@@ -51,8 +52,14 @@ void expect_stage_matches(const std::string& family, int stage, const Setup& set
   sharded.memory.activation_checkpointing = setup.checkpointing;
   sharded.parallel.bucket_mb = setup.bucket_mb;
   sharded.parallel.zero_stage = stage;
-  const TrainingOutcome& a = replicated_run(family, setup.sp, world);
+  const TrainingOutcome& a = replicated_run(family, setup.sp, kSteps, world);
   TrainingOutcome b = testing::train_for(sharded, world, kSteps);
+  // Gradients after the first step, from the same weights: each AdamW step magnifies the
+  // round-off of the two reduction orders in elements whose gradient is near zero (m/sqrt(v)
+  // is ±1 for any tiny gradient), so by the last step they are taken at weights that differ
+  // by more than round-off (tests/mpi/trainer_equivalence_test.cpp measures it).
+  const TrainingOutcome& a_first = replicated_run(family, setup.sp, 1, world);
+  const TrainingOutcome b_first = testing::train_for(sharded, world, 1);
   const std::string where = family + " stage " + std::to_string(stage) + " sp " +
                             std::to_string(setup.sp) + " " + setup.checkpointing + " bucket " +
                             std::to_string(setup.bucket_mb);
@@ -62,7 +69,8 @@ void expect_stage_matches(const std::string& family, int stage, const Setup& set
     EXPECT_NEAR(b.grad_norms[i], a.grad_norms[i], 1e-6 * a.grad_norms[i])
         << where << " step " << i + 1;
   }
-  EXPECT_LE(testing::max_relative_difference(b.grads, a.grads), 1e-6) << where << ": gradients";
+  EXPECT_LE(testing::max_relative_difference(b_first.grads, a_first.grads), 1e-6)
+      << where << ": gradients of the first step";
   EXPECT_LE(testing::max_relative_difference(b.params, a.params), 1e-6) << where << ": parameters";
 }
 
