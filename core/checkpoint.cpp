@@ -235,6 +235,16 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
     }
     moments.finish();
   }
+  // Each optimizer file's checksum is computed by the rank that wrote it; rank 0 collects
+  // them for the manifest (CRC-32 and sizes are exact in a double).
+  std::vector<double> optimizer_crcs(size_t(2 * shards), 0.0);
+  if (sharded || world_.rank() == 0) {
+    const int shard = sharded ? world_.rank() : 0;
+    const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
+    optimizer_crcs[size_t(2 * shard)] = double(crc32_of_file(path));
+    optimizer_crcs[size_t(2 * shard + 1)] = double(fs::file_size(path));
+  }
+  world_.all_reduce_host(optimizer_crcs.data(), int(optimizer_crcs.size()), ReduceOp::sum);
   // The weights file: rank 0 creates it, then each rank writes the master weights it
   // stores at their offsets, one unit at a time (docs/checkpoints.md, "Writing the weights").
   const std::string weights_path = temp_path + "/" + kCheckpointModelFile;
@@ -274,10 +284,11 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
 
     CheckpointManifest manifest;
     manifest.step = step;
-    std::vector<std::string> written = state.optimizer_shards;
-    written.push_back(kCheckpointModelFile);
-    written.push_back(kCheckpointStateFile);
-    for (const std::string& file : written) {
+    for (int i = 0; i < shards; ++i)
+      manifest.files.push_back({state.optimizer_shards[size_t(i)],
+                                uint64_t(optimizer_crcs[size_t(2 * i + 1)]),
+                                uint32_t(optimizer_crcs[size_t(2 * i)])});
+    for (const std::string file : {kCheckpointModelFile, kCheckpointStateFile}) {
       const std::string path = temp_path + "/" + file;
       manifest.files.push_back({file, uint64_t(fs::file_size(path)), crc32_of_file(path)});
     }
