@@ -9,6 +9,7 @@
 
 #include "apps/world_main.h"
 #include "core/checkpoint_format.h"
+#include "core/checkpoint_weights.h"
 #include "core/job_errors.h"
 #include "core/log_setup.h"
 #include "core/params.h"
@@ -34,8 +35,9 @@ void export_checkpoint(const ExportOptions& options) {
   verify_checkpoint(folder);
   const CheckpointModel recorded = read_checkpoint_model(folder);
   const ParamTable table(recorded.model);
-  std::vector<float> params;
-  read_checkpoint_weights(folder, table, params);
+  // The export formats are whole files written by this one process.
+  std::vector<float> params(size_t(table.total_numel()));
+  CheckpointWeights(folder, table).read(0, table.total_numel(), params.data());
 
   if (options.format == "hf-llama") {
     if (!recorded.rope_theta || !recorded.norm_eps)

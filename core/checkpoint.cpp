@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/checkpoint_weights.h"
 #include "core/file_util.h"
 #include "core/job_agreement.h"
 #include "core/nonfinite.h"
@@ -248,12 +249,8 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
   // The weights file: rank 0 creates it, then each rank writes the master weights it
   // stores at their offsets, one unit at a time (docs/checkpoints.md, "Writing the weights").
   const std::string weights_path = temp_path + "/" + kCheckpointModelFile;
-  std::vector<NamedShape> tensors;
-  for (const ParamSpec& spec : table.specs()) tensors.push_back({spec.name, spec.shape});
-  const std::string header = placed_safetensors_header(
-      tensors,
-      {{"format", "ulysses"}, {"step", std::to_string(step)}, {"family", config_.model.family}},
-      weights_path);
+  const std::string header =
+      checkpoint_weights_header(table, step, config_.model.family, weights_path);
   if (world_.rank() == 0)
     create_placed_safetensors(weights_path, header, uint64_t(total) * sizeof(float));
   world_.barrier();
@@ -377,14 +374,9 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
   const int64_t total = table.total_numel();
   // Each rank reads only the ranges it stores, straight from the mapped file.
   try {
-    SafetensorsReader weights(folder + "/" + kCheckpointModelFile);
-    for (const ParamSpec& spec : table.specs()) weights.require_shape(spec.name, spec.shape);
-    model.load_weights([&](int64_t begin, int64_t count, float* out) {
-      for_each_tensor_piece(table, begin, count,
-                            [&](const ParamSpec& spec, int64_t first, int64_t n, int64_t done) {
-                              weights.read_f32_range(spec.name, first, n, out + done);
-                            });
-    });
+    const CheckpointWeights weights(folder, table);
+    model.load_weights(
+        [&](int64_t begin, int64_t count, float* out) { weights.read(begin, count, out); });
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& error) {

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "core/checkpoint_format.h"
+#include "core/checkpoint_weights.h"
 #include "core/file_util.h"
 #include "core/safetensors.h"
 #include "core/weights_io_formats.h"
@@ -318,13 +319,7 @@ void open_ulysses_checkpoint(const std::string& folder, const ModelConfig& model
   if (recorded.rope_theta)
     note_rope_theta("checkpoint " + in_quotes(folder), "rope_theta", *recorded.rope_theta,
                     model.rope_theta);
-  const std::string path = folder + "/" + kCheckpointModelFile;
-  const SafetensorsReader& weights =
-      files.safetensors.emplace(path, SafetensorsReader(path)).first->second;
-  for (const ParamSpec& spec : table.specs()) {
-    weights.require_shape(spec.name, spec.shape);
-    files.tensors.push_back({path, spec.name, -1});
-  }
+  files.checkpoint = std::make_unique<CheckpointWeights>(folder, table);
 }
 
 double parse_positive_number(const std::string& text, const std::string& where) {
@@ -376,14 +371,6 @@ CheckpointModel read_checkpoint_model(const std::string& folder) {
   if (result.rope_theta) result.model.rope_theta = *result.rope_theta;
   if (result.norm_eps) result.model.norm_eps = *result.norm_eps;
   return result;
-}
-
-void read_checkpoint_weights(const std::string& folder, const ParamTable& table,
-                             std::vector<float>& params) {
-  params.resize(size_t(table.total_numel()));
-  const SafetensorsReader weights(folder + "/" + kCheckpointModelFile);
-  for (const ParamSpec& spec : table.specs())
-    weights.read_f32(spec.name, spec.shape, params.data() + spec.offset);
 }
 
 namespace {
@@ -439,6 +426,7 @@ PretrainedWeights::~PretrainedWeights() {
 
 void PretrainedWeights::read(int64_t begin, int64_t count, float* out) const {
   as_weights_error([&] {
+    if (files_.checkpoint) return files_.checkpoint->read(begin, count, out);
     for_each_tensor_piece(
         *table_, begin, count, [&](const ParamSpec& spec, int64_t first, int64_t n, int64_t done) {
           const Files::Tensor& tensor = files_.tensors[size_t(&spec - table_->specs().data())];

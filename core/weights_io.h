@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/checkpoint_weights.h"
 #include "core/config.h"
 #include "core/params.h"
 #include "core/safetensors.h"
@@ -37,9 +39,10 @@ class PretrainedWeights {
       std::string name;          // the tensor's name in a safetensors file
       int64_t file_offset = -1;  // llm.c: where its f32 values start; -1 for safetensors
     };
-    std::map<std::string, SafetensorsReader> safetensors;  // by path
+    std::unique_ptr<CheckpointWeights> checkpoint;         // a ulysses checkpoint: all from it
+    std::map<std::string, SafetensorsReader> safetensors;  // Hugging Face files, by path
     std::string llmc_path;                                 // or "" when none
-    std::vector<Tensor> tensors;                           // by the table's tensor index
+    std::vector<Tensor> tensors;  // the others: by the table's tensor index
   };
 
   PretrainedWeights(const std::string& path, const ModelConfig& model, const ParamTable& table);

@@ -30,10 +30,6 @@ std::vector<const ParamSpec*> llmc_order(const ParamTable& table);
 // trainer_state.json "model", else from model.safetensors' metadata, where recorded.
 CheckpointModel read_checkpoint_model(const std::string& folder);
 
-// Reads the checkpoint folder's model.safetensors into params (laid out by table).
-void read_checkpoint_weights(const std::string& folder, const ParamTable& table,
-                             std::vector<float>& params);
-
 // Writes folder/config.json and folder/model.safetensors (F32, Hugging Face names), each
 // under a temporary name first. The model must be llama.
 void write_hf_llama(const std::string& folder, const ModelConfig& model, const ParamTable& table,
