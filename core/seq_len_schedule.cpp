@@ -1,5 +1,6 @@
 #include "core/seq_len_schedule.h"
 
+#include <algorithm>
 #include <cctype>
 #include <stdexcept>
 
@@ -85,6 +86,23 @@ SeqLenStage stage_at(const std::vector<SeqLenStage>& stages, int64_t seq_len, in
     if (step >= stage.first_step) current = stage;
   if (current.batch_size == 0) current.batch_size = batch_size;
   return current;
+}
+
+double remaining_seconds(const std::vector<SeqLenStage>& stages, int64_t seq_len,
+                         int64_t batch_size, int64_t from, int64_t steps, const SeqLenStage& now,
+                         double now_seconds) {
+  const double now_tokens = double(now.seq_len) * double(now.batch_size);
+  double seconds = 0.0;
+  for (int64_t step = from; step < steps;) {
+    const SeqLenStage stage = stage_at(stages, seq_len, batch_size, step);
+    int64_t end = steps;  // where this stage's steps end
+    for (const SeqLenStage& next : stages)
+      if (next.first_step > step) end = std::min(end, next.first_step);
+    seconds += double(end - step) * now_seconds * double(stage.seq_len) * double(stage.batch_size) /
+               now_tokens;
+    step = end;
+  }
+  return seconds;
 }
 
 }  // namespace ulysses

@@ -32,4 +32,12 @@ std::string seq_len_schedule_problem(const std::vector<SeqLenStage>& stages, int
 SeqLenStage stage_at(const std::vector<SeqLenStage>& stages, int64_t seq_len, int64_t batch_size,
                      int64_t step);
 
+// Seconds the steps [from, steps) should take, when a step of stage `now` takes now_seconds:
+// each step costs that scaled by its stage's tokens (seq_len · batch) over now's, so the ETA
+// of a curriculum counts the longer stages still to come (attention's share grows faster
+// than the tokens, so this stays a lower bound there).
+double remaining_seconds(const std::vector<SeqLenStage>& stages, int64_t seq_len,
+                         int64_t batch_size, int64_t from, int64_t steps, const SeqLenStage& now,
+                         double now_seconds);
+
 }  // namespace ulysses

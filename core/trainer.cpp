@@ -92,7 +92,9 @@ void Trainer::follow_seq_len_schedule() {
   StoredWeights stored;
   model_->state().download_stored_weights(
       [&](int64_t begin, int64_t count, const float* values) { stored.add(begin, count, values); });
-  model_.reset();  // before the new one: the two are never allocated at once
+  model_.reset();        // before the new one: the two are never allocated at once
+  stage_seconds_ = 0.0;  // the ETA follows the new stage's step time
+  stage_steps_ = 0;
   build_model(stage);
   model_->load_weights(
       [&](int64_t begin, int64_t count, float* out) { stored.read(begin, count, out); });
@@ -365,8 +367,8 @@ void Trainer::finish_profiling() {
 
 void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_seconds,
                        const std::map<std::string, PhaseTotals>& phases) {
-  run_seconds_ += r.step_seconds;
-  ++run_steps_;
+  stage_seconds_ += r.step_seconds;
+  ++stage_steps_;
   const MemoryStats& memory = backend_.memory().stats();
   const nlohmann::json phases_max = phases_max_json(phases);  // collective: every rank
   if (metrics_) {
@@ -390,7 +392,9 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
   }
   const int every = config_.log.every;
   if (mesh_.world->rank() != 0 || (r.step % every != 0 && r.step != config_.train.steps)) return;
-  double eta = run_seconds_ / double(run_steps_) * double(config_.train.steps - r.step);
+  const double eta = remaining_seconds(
+      seq_len_stages_, config_.train.seq_len, config_.train.batch_size, r.step, config_.train.steps,
+      {seq_len_, 0, batch_size_}, stage_seconds_ / double(stage_steps_));
   std::string accuracy = r.accuracy >= 0 ? fmt::format(" | acc {:5.1f}%", 100.0 * r.accuracy) : "";
   spdlog::info(
       "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | "

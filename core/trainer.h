@@ -110,8 +110,9 @@ class Trainer {
   RunProfile profile_;  // the phases of this run's steps
   VerdictContext verdict_context_;
   std::vector<TraceSpan> trace_;  // of the first log.trace_steps steps
-  double run_seconds_ = 0.0;
-  int64_t run_steps_ = 0;
+  // Time of the steps since the model was last built for a curriculum stage (the ETA).
+  double stage_seconds_ = 0.0;
+  int64_t stage_steps_ = 0;
 };
 
 // Total of several communicators' counters.

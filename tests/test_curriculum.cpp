@@ -57,6 +57,22 @@ TEST(SeqLenSchedule, StageOfEachStepAndItsBatch) {
   EXPECT_EQ(none.batch_size, 3);
 }
 
+// The main job's schedule (configs/passkey-4k-sp4.yaml): 540 steps, batch 16 at 256 tokens.
+TEST(SeqLenSchedule, RemainingTimeScalesEachStepByItsStagesTokens) {
+  const auto stages = parse_seq_len_schedule("256@0, 1024x8@400, 4096x4@500");
+  const SeqLenStage last{4096, 500, 4}, middle{1024, 400, 8}, first{256, 0, 16};
+  // From step 500: 40 steps of the last stage at its own rate.
+  EXPECT_DOUBLE_EQ(remaining_seconds(stages, 4096, 16, 500, 540, last, 0.8), 32.0);
+  // From step 400 at 0.2 s a step: 100 such steps, then 40 of twice the tokens.
+  EXPECT_DOUBLE_EQ(remaining_seconds(stages, 4096, 16, 400, 540, middle, 0.2), 20.0 + 16.0);
+  // From step 100 at 0.05 s: 300 steps, then 100 and 40 of 2 and 4 times the tokens.
+  EXPECT_DOUBLE_EQ(remaining_seconds(stages, 4096, 16, 100, 540, first, 0.05),
+                   15.0 + 100 * 0.1 + 40 * 0.2);
+  // Without a curriculum every step costs the same.
+  EXPECT_DOUBLE_EQ(remaining_seconds({}, 4096, 4, 10, 30, {4096, 0, 4}, 0.5), 10.0);
+  EXPECT_DOUBLE_EQ(remaining_seconds(stages, 4096, 16, 540, 540, last, 0.8), 0.0);
+}
+
 TEST(SeqLenSchedule, RulesBetweenStagesNameTheProblem) {
   auto problem = [](const std::string& text, int64_t seq_len, int64_t steps) {
     return seq_len_schedule_problem(parse_seq_len_schedule(text), seq_len, steps);
