@@ -71,28 +71,29 @@ class EmulatedCudaBackend final : public Backend {
     return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(64));
   }
   void raw_free(void* pointer) override { ::operator delete(pointer, std::align_val_t(64)); }
+  void synchronize() override {}
 
-  void upload(const Tensor& dst, const void* host_src) override {
+ private:
+  void upload_impl(const Tensor& dst, const void* host_src) override {
     if (dst.bytes() != 0) std::memcpy(dst.data, host_src, dst.bytes());
   }
-  void download(void* host_dst, const Tensor& src) override {
+  void download_impl(void* host_dst, const Tensor& src) override {
     if (src.bytes() != 0) std::memcpy(host_dst, src.data, src.bytes());
   }
-  void copy(const Tensor& dst, const Tensor& src) override {
+  void copy_impl(const Tensor& dst, const Tensor& src) override {
     if (dst.bytes() != 0 && dst.data != src.data) std::memcpy(dst.data, src.data, dst.bytes());
   }
-  void fill_zero(const Tensor& dst) override {
+  void fill_zero_impl(const Tensor& dst) override {
     if (dst.bytes() != 0) std::memset(dst.data, 0, dst.bytes());
   }
-  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
-               int64_t rows) override {
+  void copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                    int64_t row_bytes, int64_t rows) override {
     for (int64_t row = 0; row < rows; ++row)
       std::memcpy(static_cast<char*>(dst) + row * dst_pitch,
                   static_cast<const char*>(src) + row * src_pitch, size_t(row_bytes));
   }
-  void synchronize() override {}
 
-  void cast(const Tensor& dst, const Tensor& src) override {
+  void cast_impl(const Tensor& dst, const Tensor& src) override {
     const int64_t n = src.numel();
     if (dst.dtype == src.dtype) return copy(dst, src);
     if (n == 0) return;
@@ -103,7 +104,7 @@ class EmulatedCudaBackend final : public Backend {
       launch(shape, [&] { cuda::cast_kernel(data_of<float>(dst), data_of<const bf16>(src), n); });
   }
 
-  void axpy(const Tensor& y, const Tensor& x, float alpha) override {
+  void axpy_impl(const Tensor& y, const Tensor& x, float alpha) override {
     const int64_t n = y.numel();
     if (n == 0) return;
     dispatch_float(y, [&](auto y_tag) {
@@ -116,7 +117,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void scale(const Tensor& x, float alpha) override {
+  void scale_impl(const Tensor& x, float alpha) override {
     const int64_t n = x.numel();
     if (n == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -125,7 +126,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  double sum_squares(const Tensor& x) override {
+  double sum_squares_impl(const Tensor& x) override {
     const int64_t n = x.numel();
     if (n == 0) return 0.0;
     const cuda::LaunchShape partial_shape = cuda::sum_squares_partial_launch(n);
@@ -142,8 +143,8 @@ class EmulatedCudaBackend final : public Backend {
   }
 
   // cuBLASLt's part, on the cpu backend in f32; a bf16 c is rounded once at the end.
-  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-            float alpha, float beta) override {
+  void gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                 float alpha, float beta) override {
     std::vector<float> a32 = as_f32(a), b32 = as_f32(b), c32 = as_f32(c);
     const Tensor a_view(a32.data(), DType::f32, {a.shape[0], a.shape[1]});
     const Tensor b_view(b32.data(), DType::f32, {b.shape[0], b.shape[1]});
@@ -157,7 +158,7 @@ class EmulatedCudaBackend final : public Backend {
     }
   }
 
-  void bias_forward(const Tensor& out, const Tensor& bias) override {
+  void bias_forward_impl(const Tensor& out, const Tensor& bias) override {
     const int64_t width = bias.numel(), rows = out.numel() / width;
     if (rows == 0) return;
     dispatch_float(out, [&](auto out_tag) {
@@ -171,7 +172,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void bias_backward(const Tensor& dbias, const Tensor& dout) override {
+  void bias_backward_impl(const Tensor& dbias, const Tensor& dout) override {
     const int64_t width = dbias.numel(), rows = dout.numel() / width;
     if (rows == 0) return;
     const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
@@ -187,8 +188,8 @@ class EmulatedCudaBackend final : public Backend {
     reduce_columns(dbias.f32(), parts.f32(), chunks.chunks, width);
   }
 
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe, int64_t pos_offset) override {
+  void embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                              const Tensor& wpe, int64_t pos_offset) override {
     const int64_t width = wte.shape[1], n = tokens.numel();
     const int64_t seq_len = tokens.shape[tokens.ndim - 1];
     if (n == 0) return;
@@ -202,8 +203,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens, int64_t pos_offset) override {
+  void embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                               const Tensor& tokens, int64_t pos_offset) override {
     const int64_t vocab = dwte.shape[0], width = dwte.shape[1], n = tokens.numel();
     const int64_t seq_len = tokens.shape[tokens.ndim - 1];
     if (n == 0) return;
@@ -225,8 +226,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                       float eps) override {
+  void rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                            const Tensor& weight, float eps) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -238,8 +239,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override {
+  void rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                             const Tensor& x, const Tensor& weight, const Tensor& rstd) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
@@ -259,8 +260,9 @@ class EmulatedCudaBackend final : public Backend {
     reduce_columns(dweight.f32(), parts.f32(), chunks.chunks, width);
   }
 
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                         const Tensor& weight, const Tensor& bias, float eps) override {
+  void layernorm_forward_impl(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              float eps) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -273,9 +275,9 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                          const Tensor& dout, const Tensor& x, const Tensor& weight,
-                          const Tensor& mean, const Tensor& rstd) override {
+  void layernorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& x, const Tensor& weight,
+                               const Tensor& mean, const Tensor& rstd) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
@@ -304,7 +306,7 @@ class EmulatedCudaBackend final : public Backend {
     reduce_columns(dbias.f32(), bias_parts, chunks.chunks, width);
   }
 
-  void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override {
+  void rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override {
     const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2];
     const int64_t half = x.shape[3] / 2, dim = x.shape[3];
     if (x.numel() == 0) return;
@@ -324,7 +326,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) override {
+  void swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) override {
     const int64_t n = out.numel();
     if (n == 0) return;
     dispatch_float(gate, [&](auto tag) {
@@ -336,8 +338,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                       const Tensor& gate, const Tensor& up) override {
+  void swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                            const Tensor& gate, const Tensor& up) override {
     const int64_t n = dout.numel();
     if (n == 0) return;
     dispatch_float(gate, [&](auto tag) {
@@ -349,7 +351,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void gelu_forward(const Tensor& out, const Tensor& x) override {
+  void gelu_forward_impl(const Tensor& out, const Tensor& x) override {
     const int64_t n = x.numel();
     if (n == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -359,7 +361,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
+  void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
     const int64_t n = x.numel();
     if (n == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -370,8 +372,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                         const Tensor& v) override {
+  void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                              const Tensor& k, const Tensor& v) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
@@ -388,9 +390,9 @@ class EmulatedCudaBackend final : public Backend {
       run(attention_forward_kernel<128>);
   }
 
-  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse) override {
+  void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
@@ -418,9 +420,9 @@ class EmulatedCudaBackend final : public Backend {
       run(attention_dq_kernel<128>, attention_dkv_kernel<128>);
   }
 
-  LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                          int64_t tile_rows, float grad_scale, const Tensor& dhidden,
-                          const Tensor& dweight) override {
+  LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                               int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                               const Tensor& dweight) override {
     const int64_t vocab = weight.shape[0], width = weight.shape[1];
     const int64_t rows = hidden.numel() / width;
     const bool with_grad = !dhidden.empty();
@@ -484,8 +486,8 @@ class EmulatedCudaBackend final : public Backend {
     return result;
   }
 
-  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-             const AdamWStep& step) override {
+  void adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWStep& step) override {
     const int64_t n = param.numel();
     if (n == 0) return;
     const formulas::AdamWScalars s = formulas::adamw_scalars(step);
@@ -493,7 +495,6 @@ class EmulatedCudaBackend final : public Backend {
            [&] { cuda::adamw_kernel(param.f32(), grad.f32(), m.f32(), v.f32(), s, n); });
   }
 
- private:
   static cuda_attention::AttentionDims attention_dims(const Tensor& q, const Tensor& k) {
     return {q.shape[1], int(q.shape[2]), int(k.shape[2]), int(q.shape[3]),
             float(1.0 / std::sqrt(double(q.shape[3])))};

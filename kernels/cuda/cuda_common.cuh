@@ -1,5 +1,6 @@
 // Helpers shared by the CUDA backend's host code: status checks that throw and dtype checks
-// that name the op and tensor. The device environment is kernels/cuda/cuda_device.cuh.
+// that name the op and tensor (the shapes are the op's contract, kernels/op_contracts.h). The
+// device environment is kernels/cuda/cuda_device.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,15 +11,9 @@
 #include <string>
 
 #include "kernels/cuda/cuda_device.cuh"
-#include "kernels/shape_checks.h"
 #include "kernels/tensor.h"
 
 namespace ulysses::cuda {
-
-// Shape checks with the messages every backend shares (kernels/shape_checks.h).
-using shape_checks::require_ndim;
-using shape_checks::require_numel;
-using shape_checks::rows_of;
 
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)

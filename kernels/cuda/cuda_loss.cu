@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cuda_loss_kernels.cuh"
+#include "kernels/op_contracts.h"
 
 namespace ulysses {
 
@@ -17,26 +18,22 @@ using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::LaunchShape;
 
-LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
-                                     const Tensor& targets, int64_t tile_rows, float grad_scale,
-                                     const Tensor& dhidden, const Tensor& dweight) {
+LossResult CudaBackend::lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
+                                          const Tensor& targets, int64_t tile_rows,
+                                          float grad_scale, const Tensor& dhidden,
+                                          const Tensor& dweight) {
   const char* op = "lm_head_loss";
   cuda::require_float(hidden, op, "hidden");
   cuda::require_same_dtype(weight, hidden, op, "weight", "hidden");
   cuda::require_dtype(targets, DType::i32, op, "targets");
-  cuda::require_ndim(weight, 2, op, "weight");
   const int64_t vocab = weight.shape[0], width = weight.shape[1];
-  const int64_t rows = cuda::rows_of(hidden, width, op, "hidden");
-  cuda::require_numel(targets, rows, op, "targets");
-  if (tile_rows < 1) throw std::invalid_argument("lm_head_loss: tile_rows must be >= 1");
+  const int64_t rows = hidden.numel() / width;
   if (rows > int64_t(0x7fffffff))
     throw std::invalid_argument("lm_head_loss: more than 2^31 rows in one call");
   const bool with_grad = !dhidden.empty();
   if (with_grad) {
     cuda::require_same_dtype(dhidden, hidden, op, "dhidden", "hidden");
     cuda::require_dtype(dweight, DType::f32, op, "dweight");
-    cuda::require_numel(dhidden, rows * width, op, "dhidden");
-    cuda::require_numel(dweight, vocab * width, op, "dweight");
   }
 
   std::vector<int32_t> target_ids(static_cast<size_t>(rows));
@@ -46,10 +43,7 @@ LossResult CudaBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
   std::vector<int32_t> counted_targets;
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t target = target_ids[size_t(r)];
-    if (target >= vocab)
-      throw std::out_of_range("lm_head_loss: target " + std::to_string(target) + " at row " +
-                              std::to_string(r) + " is outside the vocabulary [0, " +
-                              std::to_string(vocab) + ")");
+    contracts::check_target(target, r, vocab);
     if (target >= 0) {
       plan.push_back(int32_t(r));
       counted_targets.push_back(target);
