@@ -1,7 +1,9 @@
 // The CUDA backend's kernels as a host Backend (tests/emulated_cuda_backend.h). Each op follows
 // its counterpart in kernels/cuda/*.cu step by step: the same kernels, launch shapes, scratch
-// (kernels/op_scratch.h) and host-side plans (column chunks, the embedding's token order,
-// the loss's counted rows), so the test of one checks the other's device code.
+// (kernels/op_scratch.h) and host-side plans (column chunks, the embedding's token order), so
+// the test of one checks the other's device code. The loss's tile loop and the sum of squares'
+// two passes are the backend's own code (lm_head_loss_tiles, sum_squares_passes), run with
+// kernels launched on the host.
 #include "tests/emulated_cuda_backend.h"
 
 #include <algorithm>
@@ -28,6 +30,7 @@ namespace ulysses {
 namespace {
 
 using cuda::bf16;
+using cuda::emulation::HostLaunch;
 using cuda::emulation::launch;
 
 template <typename T>
@@ -129,16 +132,12 @@ class EmulatedCudaBackend final : public Backend {
   double sum_squares_impl(const Tensor& x) override {
     const int64_t n = x.numel();
     if (n == 0) return 0.0;
-    const cuda::LaunchShape partial_shape = cuda::sum_squares_partial_launch(n);
-    const int blocks = int(partial_shape.grid.x);
+    const int blocks = cuda::sum_squares_blocks(n);
     std::vector<double> partial(size_t(blocks) + 1, NAN);
     dispatch_float(x, [&](auto tag) {
       using T = decltype(tag);
-      launch(partial_shape,
-             [&] { cuda::sum_squares_partial_kernel(partial.data(), data_of<const T>(x), n); });
+      cuda::sum_squares_passes(HostLaunch{}, partial.data(), data_of<const T>(x), n);
     });
-    launch(cuda::sum_partials_launch(),
-           [&] { cuda::sum_partials_kernel(partial.data() + blocks, partial.data(), blocks); });
     return partial[size_t(blocks)];
   }
 
@@ -423,66 +422,11 @@ class EmulatedCudaBackend final : public Backend {
   LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                int64_t tile_rows, float grad_scale, const Tensor& dhidden,
                                const Tensor& dweight) override {
-    const int64_t vocab = weight.shape[0], width = weight.shape[1];
-    const int64_t rows = hidden.numel() / width;
-    const bool with_grad = !dhidden.empty();
-    // plan = counted row indices, then their targets.
-    std::vector<int32_t> plan, counted_targets;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (targets.i32()[r] < 0) continue;
-      plan.push_back(int32_t(r));
-      counted_targets.push_back(targets.i32()[r]);
-    }
-    if (with_grad) fill_zero(dhidden);
     LossResult result;
-    result.count = int64_t(counted_targets.size());
-    if (result.count == 0) return result;
-    plan.insert(plan.end(), counted_targets.begin(), counted_targets.end());
-    const int64_t count = result.count;
-    const int64_t tile = std::min(tile_rows, count);
-    LossScratch scratch = lm_head_loss_scratch(*this, BackendKind::cuda, count, tile, vocab, width,
-                                               hidden.dtype, with_grad);
-    upload(scratch.rows_and_targets, plan.data());
-    const int32_t* source_rows = scratch.rows_and_targets.i32();
-    const int32_t* tile_targets = source_rows + count;
-    for (int64_t start = 0; start < count; start += tile) {
-      const int64_t n = std::min(tile, count - start);
-      const Tensor h_tile = scratch.hidden_tile.tensor().slice_rows(0, n);
-      const Tensor logit_tile = scratch.logits.tensor().slice_rows(0, n);
-      dispatch_float(hidden, [&](auto tag) {
-        using T = decltype(tag);
-        launch(cuda::elementwise_launch(n * width), [&] {
-          cuda::gather_rows_kernel(data_of<T>(h_tile), data_of<const T>(hidden),
-                                   source_rows + start, n, width);
-        });
-      });
-      gemm(h_tile, false, weight, true, logit_tile, 1.0f, 0.0f);
-      dispatch_float(hidden, [&](auto tag) {
-        using T = decltype(tag);
-        T* dlogits = with_grad ? data_of<T>(scratch.dlogits.tensor()) : nullptr;
-        launch(cuda::block_per_row_launch(n), [&] {
-          cuda::loss_rows_kernel(scratch.logits.f32(), vocab, tile_targets + start,
-                                 scratch.row_loss.f32() + start, scratch.row_correct.i32() + start,
-                                 dlogits, grad_scale);
-        });
-      });
-      if (!with_grad) continue;
-      const Tensor dlogit_tile = scratch.dlogits.tensor().slice_rows(0, n);
-      const Tensor dh_tile = scratch.dhidden_tile.tensor().slice_rows(0, n);
-      gemm(dlogit_tile, false, weight, false, dh_tile, 1.0f, 0.0f);
-      gemm(dlogit_tile, true, h_tile, false, dweight, 1.0f, 1.0f);
-      dispatch_float(hidden, [&](auto tag) {
-        using T = decltype(tag);
-        launch(cuda::elementwise_launch(n * width), [&] {
-          cuda::scatter_rows_kernel(data_of<T>(dhidden), data_of<const T>(dh_tile),
-                                    source_rows + start, n, width);
-        });
-      });
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      result.loss_sum += double(scratch.row_loss.f32()[i]);
-      result.correct += scratch.row_correct.i32()[i];
-    }
+    dispatch_float(hidden, [&](auto tag) {
+      result = cuda::lm_head_loss_tiles<decltype(tag)>(*this, HostLaunch{}, hidden, weight, targets,
+                                                       tile_rows, grad_scale, dhidden, dweight);
+    });
     return result;
   }
 

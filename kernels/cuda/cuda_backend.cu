@@ -320,22 +320,15 @@ double CudaBackend::sum_squares_impl(const Tensor& x) {
   cuda::require_float(x, "sum_squares", "x");
   const int64_t n = x.numel();
   if (n == 0) return 0.0;
-  const LaunchShape partial_shape = cuda::sum_squares_partial_launch(n);
-  const int blocks = int(partial_shape.grid.x);
+  const int blocks = cuda::sum_squares_blocks(n);
   Buffer partial =
       alloc(MemCategory::workspace, DType::f32, {2 * (blocks + 1)}, "sum_squares partials");
   double* partial_data = static_cast<double*>(partial.tensor().data);
   dispatch_float(x, "sum_squares", [&](auto tag) {
     using T = decltype(tag);
-    cuda::sum_squares_partial_kernel<<<partial_shape.grid, partial_shape.threads,
-                                       partial_shape.shared_bytes, stream_>>>(
-        partial_data, static_cast<const T*>(x.data), n);
+    cuda::sum_squares_passes(cuda::StreamLaunch{stream_, "sum_squares"}, partial_data,
+                             static_cast<const T*>(x.data), n);
   });
-  check_launch("sum_squares");
-  const LaunchShape total_shape = cuda::sum_partials_launch();
-  cuda::sum_partials_kernel<<<total_shape.grid, total_shape.threads, total_shape.shared_bytes,
-                              stream_>>>(partial_data + blocks, partial_data, blocks);
-  check_launch("sum_squares");
   double total = 0.0;
   check_cuda(cudaMemcpyAsync(&total, partial_data + blocks, sizeof(double), cudaMemcpyDeviceToHost,
                              stream_),
