@@ -84,9 +84,10 @@ class Backend {
 
   // ---- the ops ---------------------------------------------------------------------------
   // Each op is a non-virtual front (kernels/backend.cpp): it checks the op's contract, the
-  // shape rules every backend shares (kernels/op_contracts.h), and then calls the backend's
-  // <op>_impl below. Each implementation checks only what is its own: the dtypes it accepts,
-  // its kernels' limits and the values of tensor data it reads.
+  // shape rules every backend shares (kernels/op_contracts.h; upload, download, fill_zero,
+  // scale and sum_squares take any tensor), and then calls the backend's <op>_impl below.
+  // Each implementation checks only what is its own: the dtypes it accepts, its kernels'
+  // limits and the values of tensor data it reads.
 
   // ---- data movement -------------------------------------------------------------------
   void upload(const Tensor& dst, const void* host_src);
