@@ -3,12 +3,162 @@
 #include <stdexcept>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/op_contracts.h"
 
 #ifdef ULYSSES_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
 namespace ulysses {
+
+// ---- the op fronts: contract, then implementation -----------------------------------------
+
+void Backend::upload(const Tensor& dst, const void* host_src) {
+  upload_impl(dst, host_src);
+}
+
+void Backend::download(void* host_dst, const Tensor& src) {
+  download_impl(host_dst, src);
+}
+
+void Backend::copy(const Tensor& dst, const Tensor& src) {
+  contracts::check_copy(dst, src);
+  copy_impl(dst, src);
+}
+
+void Backend::cast(const Tensor& dst, const Tensor& src) {
+  contracts::check_cast(dst, src);
+  cast_impl(dst, src);
+}
+
+void Backend::fill_zero(const Tensor& dst) {
+  fill_zero_impl(dst);
+}
+
+void Backend::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                      int64_t row_bytes, int64_t rows) {
+  contracts::check_copy_2d(dst_pitch, src_pitch, row_bytes, rows);
+  copy_2d_impl(dst, dst_pitch, src, src_pitch, row_bytes, rows);
+}
+
+void Backend::axpy(const Tensor& y, const Tensor& x, float alpha) {
+  contracts::check_axpy(y, x);
+  axpy_impl(y, x, alpha);
+}
+
+void Backend::scale(const Tensor& x, float alpha) {
+  scale_impl(x, alpha);
+}
+
+double Backend::sum_squares(const Tensor& x) {
+  return sum_squares_impl(x);
+}
+
+void Backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                   float alpha, float beta) {
+  contracts::check_gemm(a, trans_a, b, trans_b, c);
+  gemm_impl(a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+void Backend::bias_forward(const Tensor& out, const Tensor& bias) {
+  contracts::check_bias_forward(out, bias);
+  bias_forward_impl(out, bias);
+}
+
+void Backend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  contracts::check_bias_backward(dbias, dout);
+  bias_backward_impl(dbias, dout);
+}
+
+void Backend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                const Tensor& wpe, int64_t pos_offset) {
+  contracts::check_embedding_forward(out, tokens, wte, wpe, pos_offset);
+  embedding_forward_impl(out, tokens, wte, wpe, pos_offset);
+}
+
+void Backend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                 const Tensor& tokens, int64_t pos_offset) {
+  contracts::check_embedding_backward(dwte, dwpe, dout, tokens, pos_offset);
+  embedding_backward_impl(dwte, dwpe, dout, tokens, pos_offset);
+}
+
+void Backend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                              const Tensor& weight, float eps) {
+  contracts::check_rmsnorm_forward(out, rstd, x, weight);
+  rmsnorm_forward_impl(out, rstd, x, weight, eps);
+}
+
+void Backend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                               const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  contracts::check_rmsnorm_backward(dx, dweight, dout, x, weight, rstd);
+  rmsnorm_backward_impl(dx, dweight, dout, x, weight, rstd);
+}
+
+void Backend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                float eps) {
+  contracts::check_layernorm_forward(out, mean, rstd, x, weight, bias);
+  layernorm_forward_impl(out, mean, rstd, x, weight, bias, eps);
+}
+
+void Backend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd) {
+  contracts::check_layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd);
+  layernorm_backward_impl(dx, dweight, dbias, dout, x, weight, mean, rstd);
+}
+
+void Backend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
+  contracts::check_rope(x, pos_offset);
+  rope_impl(x, pos_offset, theta, inverse);
+}
+
+void Backend::swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  contracts::check_swiglu_forward(out, gate, up);
+  swiglu_forward_impl(out, gate, up);
+}
+
+void Backend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                              const Tensor& gate, const Tensor& up) {
+  contracts::check_swiglu_backward(dgate, dup, dout, gate, up);
+  swiglu_backward_impl(dgate, dup, dout, gate, up);
+}
+
+void Backend::gelu_forward(const Tensor& out, const Tensor& x) {
+  contracts::check_gelu_forward(out, x);
+  gelu_forward_impl(out, x);
+}
+
+void Backend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  contracts::check_gelu_backward(dx, dout, x);
+  gelu_backward_impl(dx, dout, x);
+}
+
+void Backend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                const Tensor& k, const Tensor& v) {
+  contracts::check_attention_forward(out, lse, q, k, v);
+  attention_forward_impl(out, lse, q, k, v);
+}
+
+void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                 const Tensor& dout, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& out, const Tensor& lse) {
+  contracts::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+  attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse);
+}
+
+LossResult Backend::lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                                 int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                                 const Tensor& dweight) {
+  contracts::check_lm_head_loss(hidden, weight, targets, tile_rows, dhidden, dweight);
+  return lm_head_loss_impl(hidden, weight, targets, tile_rows, grad_scale, dhidden, dweight);
+}
+
+void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                    const AdamWStep& step) {
+  contracts::check_adamw(param, grad, m, v, step);
+  adamw_impl(param, grad, m, v, step);
+}
 
 bool cuda_backend_compiled() {
 #ifdef ULYSSES_WITH_CUDA

@@ -82,96 +82,150 @@ class Backend {
   }
   virtual void wait_transfer(int64_t /*ticket*/) {}
 
+  // ---- the ops ---------------------------------------------------------------------------
+  // Each op is a non-virtual front (kernels/backend.cpp): it checks the op's contract, the
+  // shape rules every backend shares (kernels/op_contracts.h; upload, download, fill_zero,
+  // scale and sum_squares take any tensor), and then calls the backend's <op>_impl below.
+  // Each implementation checks only what is its own: the dtypes it accepts, its kernels'
+  // limits and the values of tensor data it reads.
+
   // ---- data movement -------------------------------------------------------------------
-  virtual void upload(const Tensor& dst, const void* host_src) = 0;
-  virtual void download(void* host_dst, const Tensor& src) = 0;
-  virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same dtype and numel
-  virtual void cast(const Tensor& dst, const Tensor& src) = 0;  // f32 <-> bf16, same numel
-  virtual void fill_zero(const Tensor& dst) = 0;
+  void upload(const Tensor& dst, const void* host_src);
+  void download(void* host_dst, const Tensor& src);
+  void copy(const Tensor& dst, const Tensor& src);  // same dtype and numel
+  void cast(const Tensor& dst, const Tensor& src);  // f32 <-> bf16, same numel
+  void fill_zero(const Tensor& dst);
   // rows × row_bytes from src (pitch src_pitch bytes) to dst (pitch dst_pitch bytes).
-  virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                       int64_t row_bytes, int64_t rows) = 0;
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows);
   virtual void synchronize() = 0;
 
   // ---- elementwise ---------------------------------------------------------------------
   // y += alpha * x
-  virtual void axpy(const Tensor& y, const Tensor& x, float alpha) = 0;
-  virtual void scale(const Tensor& x, float alpha) = 0;
+  void axpy(const Tensor& y, const Tensor& x, float alpha);
+  void scale(const Tensor& x, float alpha);
   // sum of x*x in double precision
-  virtual double sum_squares(const Tensor& x) = 0;
+  double sum_squares(const Tensor& x);
 
   // ---- GEMM ----------------------------------------------------------------------------
   // c = alpha * op(a) · op(b) + beta * c, all 2-D; op(a) is [M, K], op(b) is [K, N],
   // c is [M, N]; op transposes when trans_* is set.
-  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                    float alpha, float beta) = 0;
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+            float alpha, float beta);
   // out[R, N] += bias[N] on every row.
-  virtual void bias_forward(const Tensor& out, const Tensor& bias) = 0;
+  void bias_forward(const Tensor& out, const Tensor& bias);
   // dbias[N] += sum over rows of dout[R, N]
-  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+  void bias_backward(const Tensor& dbias, const Tensor& dout);
 
   // ---- embedding -----------------------------------------------------------------------
   // out[B, T, C] = wte[tokens[b, t]] (+ wpe[pos_offset + t] when wpe is not empty)
-  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                 const Tensor& wpe, int64_t pos_offset) = 0;
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, int64_t pos_offset);
   // dwte += scatter of dout by token; dwpe[pos_offset + t] += sum over b of dout[b, t]
-  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                  const Tensor& tokens, int64_t pos_offset) = 0;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, int64_t pos_offset);
 
   // ---- normalisation (rows of width C) -------------------------------------------------
   // out = x * rstd * weight, rstd[R] = 1 / sqrt(mean(x^2) + eps)
-  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                               const Tensor& weight, float eps) = 0;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       float eps);
   // dx +=, dweight +=; dx may be the same memory as dout
-  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd);
   // out = (x - mean) * rstd * weight + bias; saves mean[R], rstd[R]
-  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                 const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                 float eps) = 0;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& weight, const Tensor& bias, float eps);
   // dx +=, dweight +=, dbias +=; dx may be the same memory as dout
-  virtual void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                  const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd) = 0;
+  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd);
 
   // ---- position and activation functions -----------------------------------------------
   // In place on x[B, T, H, d]: rotate_half RoPE (Hugging Face Llama) at positions
   // pos_offset + t; inverse = true applies the transpose rotation (the backward).
-  virtual void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) = 0;
+  void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse);
   // out = silu(gate) * up, all [R, F]
-  virtual void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
   // dgate, dup overwritten; dout may be the same memory as dgate or dup (elementwise)
-  virtual void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                               const Tensor& gate, const Tensor& up) = 0;
+  void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                       const Tensor& gate, const Tensor& up);
   // tanh-approximation GELU (GPT-2)
-  virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
+  void gelu_forward(const Tensor& out, const Tensor& x);
   // dx overwritten; dx may be the same memory as dout (elementwise)
-  virtual void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x);
 
   // ---- attention -----------------------------------------------------------------------
   // Causal attention with online softmax: q[B, T, Hq, d], k/v[B, T, Hkv, d] (Hq % Hkv == 0;
   // q head h reads kv head h / (Hq / Hkv)), out[B, T, Hq, d], lse[B, Hq, T] (f32,
   // log-sum-exp of the scaled scores). Scale 1/sqrt(d). Memory O(T·d), never O(T²).
-  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                 const Tensor& k, const Tensor& v) = 0;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v);
   // dq, dk, dv overwritten; recomputes scores from lse.
-  virtual void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                  const Tensor& dout, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const Tensor& out, const Tensor& lse) = 0;
+  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse);
 
   // ---- fused LM head + cross-entropy ---------------------------------------------------
   // hidden[R, C], weight[V, C], targets[R] (i32, < 0 = not counted). Works over tiles of
   // tile_rows rows so that [R, V] logits never exist. When dhidden is not empty:
   // dhidden[R, C] = grad_scale * (softmax - onehot) · weight (overwritten; zero on rows
   // not counted) and dweight[V, C] += grad_scale * (softmax - onehot)^T · hidden.
-  virtual LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                                  int64_t tile_rows, float grad_scale, const Tensor& dhidden,
-                                  const Tensor& dweight) = 0;
+  LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                          int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                          const Tensor& dweight);
 
   // ---- optimizer -----------------------------------------------------------------------
   // AdamW on f32 param/grad/m/v of equal numel (PyTorch semantics).
-  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                     const AdamWStep& step) = 0;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const AdamWStep& step);
+
+ protected:
+  // The implementations behind the fronts above, called with arguments that meet the op's
+  // contract.
+  virtual void upload_impl(const Tensor& dst, const void* host_src) = 0;
+  virtual void download_impl(void* host_dst, const Tensor& src) = 0;
+  virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
+  virtual void cast_impl(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill_zero_impl(const Tensor& dst) = 0;
+  virtual void copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                            int64_t row_bytes, int64_t rows) = 0;
+  virtual void axpy_impl(const Tensor& y, const Tensor& x, float alpha) = 0;
+  virtual void scale_impl(const Tensor& x, float alpha) = 0;
+  virtual double sum_squares_impl(const Tensor& x) = 0;
+  virtual void gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                         const Tensor& c, float alpha, float beta) = 0;
+  virtual void bias_forward_impl(const Tensor& out, const Tensor& bias) = 0;
+  virtual void bias_backward_impl(const Tensor& dbias, const Tensor& dout) = 0;
+  virtual void embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                      const Tensor& wpe, int64_t pos_offset) = 0;
+  virtual void embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                       const Tensor& tokens, int64_t pos_offset) = 0;
+  virtual void rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                    const Tensor& weight, float eps) = 0;
+  virtual void rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                     const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+  virtual void layernorm_forward_impl(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                      float eps) = 0;
+  virtual void layernorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                       const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                       const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) = 0;
+  virtual void swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  virtual void swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                    const Tensor& gate, const Tensor& up) = 0;
+  virtual void gelu_forward_impl(const Tensor& out, const Tensor& x) = 0;
+  virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+  virtual void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                      const Tensor& k, const Tensor& v) = 0;
+  virtual void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                       const Tensor& dout, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out, const Tensor& lse) = 0;
+  virtual LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
+                                       const Tensor& targets, int64_t tile_rows, float grad_scale,
+                                       const Tensor& dhidden, const Tensor& dweight) = 0;
+  virtual void adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                          const AdamWStep& step) = 0;
 
  private:
   MemoryTracker memory_;

@@ -26,7 +26,7 @@ void* PlanningBackend::raw_alloc(size_t bytes) {
 
 void PlanningBackend::raw_free(void*) {}
 
-void PlanningBackend::rope(const Tensor& x, int64_t, float, bool) {
+void PlanningBackend::rope_impl(const Tensor& x, int64_t, float, bool) {
   if (x.numel() > 0) rope_table(*this, x.dim(1), x.dim(3) / 2);
 }
 
@@ -34,8 +34,8 @@ int64_t PlanningBackend::cudnn_bound(const Tensor& q) const {
   return cudnn_attention_workspace_bound(q.dim(0), q.dim(2), q.dim(1), q.dim(3));
 }
 
-void PlanningBackend::attention_forward(const Tensor&, const Tensor&, const Tensor& q,
-                                        const Tensor&, const Tensor&) {
+void PlanningBackend::attention_forward_impl(const Tensor&, const Tensor&, const Tensor& q,
+                                             const Tensor&, const Tensor&) {
   if (q.numel() == 0) return;
   if (kind_ == BackendKind::cpu) {
     cpu_attention_forward_scratch(*this, threads_, q.dim(3));
@@ -45,9 +45,9 @@ void PlanningBackend::attention_forward(const Tensor&, const Tensor&, const Tens
   }
 }
 
-void PlanningBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor& q, const Tensor&, const Tensor&,
-                                         const Tensor&, const Tensor&) {
+void PlanningBackend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                              const Tensor&, const Tensor& q, const Tensor&,
+                                              const Tensor&, const Tensor&, const Tensor&) {
   if (q.numel() == 0) return;
   const Buffer row_dot = attention_row_dot(*this, q.dim(0), q.dim(2), q.dim(1));
   if (kind_ == BackendKind::cpu) {
@@ -60,9 +60,9 @@ void PlanningBackend::attention_backward(const Tensor&, const Tensor&, const Ten
   }
 }
 
-LossResult PlanningBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor&,
-                                         int64_t tile_rows, float, const Tensor& dhidden,
-                                         const Tensor&) {
+LossResult PlanningBackend::lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
+                                              const Tensor&, int64_t tile_rows, float,
+                                              const Tensor& dhidden, const Tensor&) {
   const int64_t vocab = weight.dim(0), width = weight.dim(1);
   LossResult result;
   result.count = hidden.numel() / width;

@@ -2,7 +2,8 @@
 // (planning mode, kernels/memory.h) and every op charges the scratch the real backend of
 // that kind would allocate (kernels/op_scratch.h). The trainer's own step, run on it, gives
 // the per-category peak of a real step on any machine, a cuda plan included (docs/memory.md,
-// "The planner").
+// "The planner"). The ops' fronts check their contracts as on any backend
+// (kernels/op_contracts.h), so a plan is made only of calls that a run would accept.
 #pragma once
 
 #include <string>
@@ -28,52 +29,53 @@ class PlanningBackend final : public Backend {
   bool host_memory_is_separate() const override { return kind_ == BackendKind::cuda; }
   void* raw_alloc(size_t bytes) override;
   void raw_free(void* pointer) override;
-
-  void upload(const Tensor&, const void*) override {}
-  void download(void*, const Tensor&) override {}
-  void copy(const Tensor&, const Tensor&) override {}
-  void cast(const Tensor&, const Tensor&) override {}
-  void fill_zero(const Tensor&) override {}
-  void copy_2d(void*, int64_t, const void*, int64_t, int64_t, int64_t) override {}
   void synchronize() override {}
-  void axpy(const Tensor&, const Tensor&, float) override {}
-  void scale(const Tensor&, float) override {}
-  double sum_squares(const Tensor&) override { return 0.0; }
-  void gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) override {}
-  void bias_forward(const Tensor&, const Tensor&) override {}
-  void bias_backward(const Tensor&, const Tensor&) override {}
-  void embedding_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         int64_t) override {}
-  void embedding_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          int64_t) override {}
-  void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override {
-  }
-  void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        const Tensor&) override {}
-  void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, float) override {}
-  void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, const Tensor&) override {}
-  void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override;
-  void swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       const Tensor&) override {}
-  void gelu_forward(const Tensor&, const Tensor&) override {}
-  void gelu_backward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                         const Tensor& v) override;
-  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse) override;
-  // Every row is counted (the planned micro-batch has a target everywhere), which is the
-  // largest the loss tiles get.
-  LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                          int64_t tile_rows, float grad_scale, const Tensor& dhidden,
-                          const Tensor& dweight) override;
-  void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-             const AdamWStep&) override {}
 
  private:
+  void upload_impl(const Tensor&, const void*) override {}
+  void download_impl(void*, const Tensor&) override {}
+  void copy_impl(const Tensor&, const Tensor&) override {}
+  void cast_impl(const Tensor&, const Tensor&) override {}
+  void fill_zero_impl(const Tensor&) override {}
+  void copy_2d_impl(void*, int64_t, const void*, int64_t, int64_t, int64_t) override {}
+  void axpy_impl(const Tensor&, const Tensor&, float) override {}
+  void scale_impl(const Tensor&, float) override {}
+  double sum_squares_impl(const Tensor&) override { return 0.0; }
+  void gemm_impl(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) override {}
+  void bias_forward_impl(const Tensor&, const Tensor&) override {}
+  void bias_backward_impl(const Tensor&, const Tensor&) override {}
+  void embedding_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              int64_t) override {}
+  void embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               int64_t) override {}
+  void rmsnorm_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            float) override {}
+  void rmsnorm_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, const Tensor&) override {}
+  void layernorm_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, float) override {}
+  void layernorm_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&) override {}
+  void rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override;
+  void swiglu_forward_impl(const Tensor&, const Tensor&, const Tensor&) override {}
+  void swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            const Tensor&) override {}
+  void gelu_forward_impl(const Tensor&, const Tensor&) override {}
+  void gelu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override {}
+  void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                              const Tensor& k, const Tensor& v) override;
+  void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse) override;
+  // Every row is counted (the planned micro-batch has a target everywhere), which is the
+  // largest the loss tiles get.
+  LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                               int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                               const Tensor& dweight) override;
+  void adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  const AdamWStep&) override {}
+
   bool cudnn() const { return kind_ == BackendKind::cuda && attention_ == "cudnn"; }
   int64_t cudnn_bound(const Tensor& q) const;
 

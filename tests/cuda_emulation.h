@@ -189,4 +189,15 @@ void launch(const Shape& shape, const std::function<void()>& body) {
   launch(shape.grid, shape.threads, shape.shared_bytes, body);
 }
 
+// launch(shape, kernel, args...) as the host-side code shared with the backend calls it
+// (sum_squares_passes, lm_head_loss_tiles): where the backend's StreamLaunch
+// (kernels/cuda/cuda_common.cuh) runs kernel<<<shape>>>(args...) on its stream, this runs it
+// on the host.
+struct HostLaunch {
+  template <typename Shape, typename Kernel, typename... Args>
+  void operator()(const Shape& shape, Kernel kernel, Args... args) const {
+    launch(shape, [&] { kernel(args...); });
+  }
+};
+
 }  // namespace ulysses::cuda::emulation

@@ -1,7 +1,9 @@
 // The CUDA backend's kernels as a host Backend (tests/emulated_cuda_backend.h). Each op follows
 // its counterpart in kernels/cuda/*.cu step by step: the same kernels, launch shapes, scratch
-// (kernels/op_scratch.h) and host-side plans (column chunks, the embedding's token order,
-// the loss's counted rows), so the test of one checks the other's device code.
+// (kernels/op_scratch.h) and host-side plans (column chunks, the embedding's token order), so
+// the test of one checks the other's device code. The loss's tile loop and the sum of squares'
+// two passes are the backend's own code (lm_head_loss_tiles, sum_squares_passes), run with
+// kernels launched on the host.
 #include "tests/emulated_cuda_backend.h"
 
 #include <algorithm>
@@ -28,6 +30,7 @@ namespace ulysses {
 namespace {
 
 using cuda::bf16;
+using cuda::emulation::HostLaunch;
 using cuda::emulation::launch;
 
 template <typename T>
@@ -71,28 +74,29 @@ class EmulatedCudaBackend final : public Backend {
     return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(64));
   }
   void raw_free(void* pointer) override { ::operator delete(pointer, std::align_val_t(64)); }
+  void synchronize() override {}
 
-  void upload(const Tensor& dst, const void* host_src) override {
+ private:
+  void upload_impl(const Tensor& dst, const void* host_src) override {
     if (dst.bytes() != 0) std::memcpy(dst.data, host_src, dst.bytes());
   }
-  void download(void* host_dst, const Tensor& src) override {
+  void download_impl(void* host_dst, const Tensor& src) override {
     if (src.bytes() != 0) std::memcpy(host_dst, src.data, src.bytes());
   }
-  void copy(const Tensor& dst, const Tensor& src) override {
+  void copy_impl(const Tensor& dst, const Tensor& src) override {
     if (dst.bytes() != 0 && dst.data != src.data) std::memcpy(dst.data, src.data, dst.bytes());
   }
-  void fill_zero(const Tensor& dst) override {
+  void fill_zero_impl(const Tensor& dst) override {
     if (dst.bytes() != 0) std::memset(dst.data, 0, dst.bytes());
   }
-  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
-               int64_t rows) override {
+  void copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                    int64_t row_bytes, int64_t rows) override {
     for (int64_t row = 0; row < rows; ++row)
       std::memcpy(static_cast<char*>(dst) + row * dst_pitch,
                   static_cast<const char*>(src) + row * src_pitch, size_t(row_bytes));
   }
-  void synchronize() override {}
 
-  void cast(const Tensor& dst, const Tensor& src) override {
+  void cast_impl(const Tensor& dst, const Tensor& src) override {
     const int64_t n = src.numel();
     if (dst.dtype == src.dtype) return copy(dst, src);
     if (n == 0) return;
@@ -103,7 +107,7 @@ class EmulatedCudaBackend final : public Backend {
       launch(shape, [&] { cuda::cast_kernel(data_of<float>(dst), data_of<const bf16>(src), n); });
   }
 
-  void axpy(const Tensor& y, const Tensor& x, float alpha) override {
+  void axpy_impl(const Tensor& y, const Tensor& x, float alpha) override {
     const int64_t n = y.numel();
     if (n == 0) return;
     dispatch_float(y, [&](auto y_tag) {
@@ -116,7 +120,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void scale(const Tensor& x, float alpha) override {
+  void scale_impl(const Tensor& x, float alpha) override {
     const int64_t n = x.numel();
     if (n == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -125,25 +129,21 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  double sum_squares(const Tensor& x) override {
+  double sum_squares_impl(const Tensor& x) override {
     const int64_t n = x.numel();
     if (n == 0) return 0.0;
-    const cuda::LaunchShape partial_shape = cuda::sum_squares_partial_launch(n);
-    const int blocks = int(partial_shape.grid.x);
+    const int blocks = cuda::sum_squares_blocks(n);
     std::vector<double> partial(size_t(blocks) + 1, NAN);
     dispatch_float(x, [&](auto tag) {
       using T = decltype(tag);
-      launch(partial_shape,
-             [&] { cuda::sum_squares_partial_kernel(partial.data(), data_of<const T>(x), n); });
+      cuda::sum_squares_passes(HostLaunch{}, partial.data(), data_of<const T>(x), n);
     });
-    launch(cuda::sum_partials_launch(),
-           [&] { cuda::sum_partials_kernel(partial.data() + blocks, partial.data(), blocks); });
     return partial[size_t(blocks)];
   }
 
   // cuBLASLt's part, on the cpu backend in f32; a bf16 c is rounded once at the end.
-  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-            float alpha, float beta) override {
+  void gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                 float alpha, float beta) override {
     std::vector<float> a32 = as_f32(a), b32 = as_f32(b), c32 = as_f32(c);
     const Tensor a_view(a32.data(), DType::f32, {a.shape[0], a.shape[1]});
     const Tensor b_view(b32.data(), DType::f32, {b.shape[0], b.shape[1]});
@@ -157,7 +157,7 @@ class EmulatedCudaBackend final : public Backend {
     }
   }
 
-  void bias_forward(const Tensor& out, const Tensor& bias) override {
+  void bias_forward_impl(const Tensor& out, const Tensor& bias) override {
     const int64_t width = bias.numel(), rows = out.numel() / width;
     if (rows == 0) return;
     dispatch_float(out, [&](auto out_tag) {
@@ -171,7 +171,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void bias_backward(const Tensor& dbias, const Tensor& dout) override {
+  void bias_backward_impl(const Tensor& dbias, const Tensor& dout) override {
     const int64_t width = dbias.numel(), rows = dout.numel() / width;
     if (rows == 0) return;
     const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
@@ -187,8 +187,8 @@ class EmulatedCudaBackend final : public Backend {
     reduce_columns(dbias.f32(), parts.f32(), chunks.chunks, width);
   }
 
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe, int64_t pos_offset) override {
+  void embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                              const Tensor& wpe, int64_t pos_offset) override {
     const int64_t width = wte.shape[1], n = tokens.numel();
     const int64_t seq_len = tokens.shape[tokens.ndim - 1];
     if (n == 0) return;
@@ -202,8 +202,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens, int64_t pos_offset) override {
+  void embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                               const Tensor& tokens, int64_t pos_offset) override {
     const int64_t vocab = dwte.shape[0], width = dwte.shape[1], n = tokens.numel();
     const int64_t seq_len = tokens.shape[tokens.ndim - 1];
     if (n == 0) return;
@@ -225,8 +225,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                       float eps) override {
+  void rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                            const Tensor& weight, float eps) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -238,8 +238,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override {
+  void rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                             const Tensor& x, const Tensor& weight, const Tensor& rstd) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
@@ -259,8 +259,9 @@ class EmulatedCudaBackend final : public Backend {
     reduce_columns(dweight.f32(), parts.f32(), chunks.chunks, width);
   }
 
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                         const Tensor& weight, const Tensor& bias, float eps) override {
+  void layernorm_forward_impl(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              float eps) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -273,9 +274,9 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                          const Tensor& dout, const Tensor& x, const Tensor& weight,
-                          const Tensor& mean, const Tensor& rstd) override {
+  void layernorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& x, const Tensor& weight,
+                               const Tensor& mean, const Tensor& rstd) override {
     const int64_t width = weight.numel(), rows = x.numel() / width;
     if (rows == 0) return;
     const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
@@ -304,7 +305,7 @@ class EmulatedCudaBackend final : public Backend {
     reduce_columns(dbias.f32(), bias_parts, chunks.chunks, width);
   }
 
-  void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override {
+  void rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override {
     const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2];
     const int64_t half = x.shape[3] / 2, dim = x.shape[3];
     if (x.numel() == 0) return;
@@ -324,7 +325,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) override {
+  void swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) override {
     const int64_t n = out.numel();
     if (n == 0) return;
     dispatch_float(gate, [&](auto tag) {
@@ -336,8 +337,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                       const Tensor& gate, const Tensor& up) override {
+  void swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                            const Tensor& gate, const Tensor& up) override {
     const int64_t n = dout.numel();
     if (n == 0) return;
     dispatch_float(gate, [&](auto tag) {
@@ -349,7 +350,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void gelu_forward(const Tensor& out, const Tensor& x) override {
+  void gelu_forward_impl(const Tensor& out, const Tensor& x) override {
     const int64_t n = x.numel();
     if (n == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -359,7 +360,7 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
+  void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) override {
     const int64_t n = x.numel();
     if (n == 0) return;
     dispatch_float(x, [&](auto tag) {
@@ -370,8 +371,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                         const Tensor& v) override {
+  void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                              const Tensor& k, const Tensor& v) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
@@ -388,9 +389,9 @@ class EmulatedCudaBackend final : public Backend {
       run(attention_forward_kernel<128>);
   }
 
-  void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse) override {
+  void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
@@ -418,74 +419,19 @@ class EmulatedCudaBackend final : public Backend {
       run(attention_dq_kernel<128>, attention_dkv_kernel<128>);
   }
 
-  LossResult lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                          int64_t tile_rows, float grad_scale, const Tensor& dhidden,
-                          const Tensor& dweight) override {
-    const int64_t vocab = weight.shape[0], width = weight.shape[1];
-    const int64_t rows = hidden.numel() / width;
-    const bool with_grad = !dhidden.empty();
-    // plan = counted row indices, then their targets.
-    std::vector<int32_t> plan, counted_targets;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (targets.i32()[r] < 0) continue;
-      plan.push_back(int32_t(r));
-      counted_targets.push_back(targets.i32()[r]);
-    }
-    if (with_grad) fill_zero(dhidden);
+  LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                               int64_t tile_rows, float grad_scale, const Tensor& dhidden,
+                               const Tensor& dweight) override {
     LossResult result;
-    result.count = int64_t(counted_targets.size());
-    if (result.count == 0) return result;
-    plan.insert(plan.end(), counted_targets.begin(), counted_targets.end());
-    const int64_t count = result.count;
-    const int64_t tile = std::min(tile_rows, count);
-    LossScratch scratch = lm_head_loss_scratch(*this, BackendKind::cuda, count, tile, vocab, width,
-                                               hidden.dtype, with_grad);
-    upload(scratch.rows_and_targets, plan.data());
-    const int32_t* source_rows = scratch.rows_and_targets.i32();
-    const int32_t* tile_targets = source_rows + count;
-    for (int64_t start = 0; start < count; start += tile) {
-      const int64_t n = std::min(tile, count - start);
-      const Tensor h_tile = scratch.hidden_tile.tensor().slice_rows(0, n);
-      const Tensor logit_tile = scratch.logits.tensor().slice_rows(0, n);
-      dispatch_float(hidden, [&](auto tag) {
-        using T = decltype(tag);
-        launch(cuda::elementwise_launch(n * width), [&] {
-          cuda::gather_rows_kernel(data_of<T>(h_tile), data_of<const T>(hidden),
-                                   source_rows + start, n, width);
-        });
-      });
-      gemm(h_tile, false, weight, true, logit_tile, 1.0f, 0.0f);
-      dispatch_float(hidden, [&](auto tag) {
-        using T = decltype(tag);
-        T* dlogits = with_grad ? data_of<T>(scratch.dlogits.tensor()) : nullptr;
-        launch(cuda::block_per_row_launch(n), [&] {
-          cuda::loss_rows_kernel(scratch.logits.f32(), vocab, tile_targets + start,
-                                 scratch.row_loss.f32() + start, scratch.row_correct.i32() + start,
-                                 dlogits, grad_scale);
-        });
-      });
-      if (!with_grad) continue;
-      const Tensor dlogit_tile = scratch.dlogits.tensor().slice_rows(0, n);
-      const Tensor dh_tile = scratch.dhidden_tile.tensor().slice_rows(0, n);
-      gemm(dlogit_tile, false, weight, false, dh_tile, 1.0f, 0.0f);
-      gemm(dlogit_tile, true, h_tile, false, dweight, 1.0f, 1.0f);
-      dispatch_float(hidden, [&](auto tag) {
-        using T = decltype(tag);
-        launch(cuda::elementwise_launch(n * width), [&] {
-          cuda::scatter_rows_kernel(data_of<T>(dhidden), data_of<const T>(dh_tile),
-                                    source_rows + start, n, width);
-        });
-      });
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      result.loss_sum += double(scratch.row_loss.f32()[i]);
-      result.correct += scratch.row_correct.i32()[i];
-    }
+    dispatch_float(hidden, [&](auto tag) {
+      result = cuda::lm_head_loss_tiles<decltype(tag)>(*this, HostLaunch{}, hidden, weight, targets,
+                                                       tile_rows, grad_scale, dhidden, dweight);
+    });
     return result;
   }
 
-  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-             const AdamWStep& step) override {
+  void adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWStep& step) override {
     const int64_t n = param.numel();
     if (n == 0) return;
     const formulas::AdamWScalars s = formulas::adamw_scalars(step);
@@ -493,7 +439,6 @@ class EmulatedCudaBackend final : public Backend {
            [&] { cuda::adamw_kernel(param.f32(), grad.f32(), m.f32(), v.f32(), s, n); });
   }
 
- private:
   static cuda_attention::AttentionDims attention_dims(const Tensor& q, const Tensor& k) {
     return {q.shape[1], int(q.shape[2]), int(k.shape[2]), int(q.shape[3]),
             float(1.0 / std::sqrt(double(q.shape[3])))};

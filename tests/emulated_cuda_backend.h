@@ -2,9 +2,10 @@
 // Backend: every op launches the same kernels (kernels/cuda/*_kernels.cuh) with the same
 // launch shapes as kernels/cuda/*.cu, on host memory. What the real backend hands to cuBLASLt
 // (the GEMMs, also inside the LM-head loss) goes to the cpu backend instead, in f32, with a
-// bf16 result rounded once as cuBLASLt's is. Native attention only (no cuDNN). It validates
-// nothing: the op tests give it valid inputs, and the contracts are checked on the real
-// backends. Slow (one std::thread per GPU thread): for small shapes in tests.
+// bf16 result rounded once as cuBLASLt's is. Native attention only (no cuDNN). The ops' fronts
+// check their contracts as on every backend (kernels/op_contracts.h); the real backend's dtype
+// checks it leaves out, since the op tests give it valid dtypes. Slow (one std::thread per GPU
+// thread): for small shapes in tests.
 #pragma once
 
 #include <memory>

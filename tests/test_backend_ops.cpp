@@ -28,11 +28,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/planning_backend.h"
 #include "tests/emulated_cuda_backend.h"
 #include "tests/test_ops_common.h"
 
@@ -756,6 +759,52 @@ INSTANTIATE_TEST_SUITE_P(Columns, BackendOps,
                          [](const ::testing::TestParamInfo<Column>& info) {
                            return column_name(info.param);
                          });
+
+// The op fronts check each op's contract once for every backend (kernels/op_contracts.h):
+// the planner and the emulation, which check no dtypes of their own, reject what the cpu
+// backend rejects, with its message.
+TEST(OpContracts, EveryBackendRejectsTheSameShapesWithTheSameMessage) {
+  CpuBackend cpu;
+  PlanningBackend planner(BackendKind::cuda, "native", 1);
+  std::unique_ptr<Backend> emulated = make_emulated_cuda_backend();
+  auto message = [](Backend& backend, const std::function<void(Backend&)>& call) {
+    try {
+      call(backend);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("(no error)");
+  };
+  auto f32 = [](Backend& backend, std::initializer_list<int64_t> dims) {
+    return backend.alloc(MemCategory::activations, DType::f32, dims, "contract test");
+  };
+  const std::vector<std::function<void(Backend&)>> calls = {
+      [&](Backend& backend) {
+        Buffer a = f32(backend, {5, 7}), b = f32(backend, {6, 3}), c = f32(backend, {5, 3});
+        backend.gemm(a, false, b, false, c, 1.0f, 0.0f);
+      },
+      [&](Backend& backend) {
+        Buffer x = f32(backend, {4, 6}), weight = f32(backend, {6}), out = f32(backend, {4, 6});
+        Buffer rstd = f32(backend, {3});
+        backend.rmsnorm_forward(out, rstd, x, weight, 1e-5f);
+      },
+      [&](Backend& backend) {
+        Buffer x = f32(backend, {1, 2, 1, 5});
+        backend.rope(x, 0, 10000.0f, false);
+      },
+      [&](Backend& backend) {
+        Buffer q = f32(backend, {1, 4, 3, 8}), k = f32(backend, {1, 4, 2, 8});
+        Buffer out = f32(backend, {1, 4, 3, 8}), lse = f32(backend, {1, 3, 4});
+        backend.attention_forward(out, lse, q, k, k);
+      },
+  };
+  for (const auto& call : calls) {
+    const std::string expected = message(cpu, call);
+    EXPECT_NE(expected, "(no error)");
+    EXPECT_EQ(message(planner, call), expected);
+    EXPECT_EQ(message(*emulated, call), expected);
+  }
+}
 
 }  // namespace
 }  // namespace ulysses

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_contracts.h"
 #include "kernels/op_formulas.h"
 #include "kernels/op_scratch.h"
 
@@ -12,54 +13,19 @@ namespace ulysses {
 
 using cpu::require_f32;
 using cpu::require_i32;
-using cpu::require_numel;
 
-namespace {
-
-// Token ids come from data files (untrusted): every id must index a row of wte.
-void check_token_ids(const Tensor& tokens, int64_t vocab, const char* op) {
-  const int32_t* ids = tokens.i32();
-  const int64_t n = tokens.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab) {
-      throw std::out_of_range(std::string(op) + ": token id " + std::to_string(ids[i]) +
-                              " at index " + std::to_string(i) + " is outside the vocabulary [0, " +
-                              std::to_string(vocab) + ")");
-    }
-  }
-}
-
-void check_positions(const Tensor& wpe, int64_t pos_offset, int64_t seq_len, const char* op) {
-  if (pos_offset < 0 || pos_offset + seq_len > wpe.shape[0]) {
-    throw std::out_of_range(std::string(op) + ": positions [" + std::to_string(pos_offset) + ", " +
-                            std::to_string(pos_offset + seq_len) + ") exceed wpe " +
-                            wpe.shape_string());
-  }
-}
-
-}  // namespace
-
-void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                   const Tensor& wpe, int64_t pos_offset) {
+void CpuBackend::embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                        const Tensor& wpe, int64_t pos_offset) {
   const char* op = "embedding_forward";
   require_f32(out, op, "out");
   require_i32(tokens, op, "tokens");
   require_f32(wte, op, "wte");
-  cpu::require_ndim(wte, 2, op, "wte");
   const int64_t vocab = wte.shape[0], width = wte.shape[1];
   const int64_t n = tokens.numel();
-  const int64_t seq_len = tokens.shape[tokens.ndim - 1];
-  require_numel(out, n * width, op, "out");
+  const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !wpe.empty();
-  if (with_positions) {
-    require_f32(wpe, op, "wpe");
-    cpu::require_ndim(wpe, 2, op, "wpe");
-    if (wpe.shape[1] != width)
-      throw std::invalid_argument(std::string(op) + ": wpe " + wpe.shape_string() + " and wte " +
-                                  wte.shape_string() + " differ in width");
-    check_positions(wpe, pos_offset, seq_len, op);
-  }
-  check_token_ids(tokens, vocab, op);
+  if (with_positions) require_f32(wpe, op, "wpe");
+  contracts::check_token_ids(tokens.i32(), n, vocab, op);
 
   const int32_t* ids = tokens.i32();
   const float* token_table = wte.f32();
@@ -79,27 +45,18 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, cons
   }
 }
 
-void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                    const Tensor& tokens, int64_t pos_offset) {
+void CpuBackend::embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                         const Tensor& tokens, int64_t pos_offset) {
   const char* op = "embedding_backward";
   require_f32(dwte, op, "dwte");
   require_f32(dout, op, "dout");
   require_i32(tokens, op, "tokens");
-  cpu::require_ndim(dwte, 2, op, "dwte");
   const int64_t vocab = dwte.shape[0], width = dwte.shape[1];
   const int64_t n = tokens.numel();
-  const int64_t seq_len = tokens.shape[tokens.ndim - 1];
-  require_numel(dout, n * width, op, "dout");
+  const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !dwpe.empty();
-  if (with_positions) {
-    require_f32(dwpe, op, "dwpe");
-    cpu::require_ndim(dwpe, 2, op, "dwpe");
-    if (dwpe.shape[1] != width)
-      throw std::invalid_argument(std::string(op) + ": dwpe " + dwpe.shape_string() + " and dwte " +
-                                  dwte.shape_string() + " differ in width");
-    check_positions(dwpe, pos_offset, seq_len, op);
-  }
-  check_token_ids(tokens, vocab, op);
+  if (with_positions) require_f32(dwpe, op, "dwpe");
+  contracts::check_token_ids(tokens.i32(), n, vocab, op);
 
   const int32_t* ids = tokens.i32();
   const float* g = dout.f32();
@@ -132,14 +89,10 @@ void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, cons
   }
 }
 
-void CpuBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
+void CpuBackend::rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
   const char* op = "rope";
   require_f32(x, op, "x");
-  cpu::require_ndim(x, 4, op, "x");
   const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2], dim = x.shape[3];
-  if (dim % 2 != 0)
-    throw std::invalid_argument("rope: head dim " + std::to_string(dim) + " is odd");
-  if (pos_offset < 0) throw std::invalid_argument("rope: negative pos_offset");
   const int64_t half = dim / 2;
 
   // cos/sin of pos·theta^(-2i/d) for the T positions of this call; the angle is formed in
@@ -179,14 +132,12 @@ void CpuBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inv
   }
 }
 
-void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+void CpuBackend::swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_forward";
   require_f32(out, op, "out");
   require_f32(gate, op, "gate");
   require_f32(up, op, "up");
   const int64_t n = out.numel();
-  require_numel(gate, n, op, "gate");
-  require_numel(up, n, op, "up");
   float* o = out.f32();
   const float* g = gate.f32();
   const float* u = up.f32();
@@ -197,8 +148,8 @@ void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate, const Ten
   }
 }
 
-void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                                 const Tensor& gate, const Tensor& up) {
+void CpuBackend::swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                      const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_backward";
   require_f32(dgate, op, "dgate");
   require_f32(dup, op, "dup");
@@ -206,10 +157,6 @@ void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const T
   require_f32(gate, op, "gate");
   require_f32(up, op, "up");
   const int64_t n = dout.numel();
-  require_numel(dgate, n, op, "dgate");
-  require_numel(dup, n, op, "dup");
-  require_numel(gate, n, op, "gate");
-  require_numel(up, n, op, "up");
   float* dg = dgate.f32();
   float* du = dup.f32();
   const float* go = dout.f32();
@@ -226,11 +173,10 @@ void CpuBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const T
   }
 }
 
-void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
+void CpuBackend::gelu_forward_impl(const Tensor& out, const Tensor& x) {
   require_f32(out, "gelu_forward", "out");
   require_f32(x, "gelu_forward", "x");
   const int64_t n = x.numel();
-  require_numel(out, n, "gelu_forward", "out");
   float* o = out.f32();
   const float* in = x.f32();
 #pragma omp parallel for schedule(static)
@@ -239,13 +185,11 @@ void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
   }
 }
 
-void CpuBackend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+void CpuBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   require_f32(dx, "gelu_backward", "dx");
   require_f32(dout, "gelu_backward", "dout");
   require_f32(x, "gelu_backward", "x");
   const int64_t n = x.numel();
-  require_numel(dx, n, "gelu_backward", "dx");
-  require_numel(dout, n, "gelu_backward", "dout");
   float* d = dx.f32();
   const float* g = dout.f32();
   const float* in = x.f32();

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_contracts.h"
 #include "kernels/op_scratch.h"
 
 namespace ulysses {
@@ -22,40 +23,29 @@ namespace {
 // tiles and padding are kernels/op_scratch.h's, which sizes the scratch for the planner too.
 constexpr int64_t kTile = kCpuAttentionTile;
 
+// The shape of attention's inputs and the tiling of its sequences on the cpu.
 struct AttentionShape {
   int64_t batch, seq_len, q_heads, kv_heads, dim, padded_dim, tiles;
   float scale;
 };
 
-AttentionShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                               const Tensor& lse, const char* op) {
+// Dtypes are this backend's part of the contract; the front checked the shapes.
+AttentionShape checked_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, const char* op) {
   cpu::require_f32(q, op, "q");
   cpu::require_f32(k, op, "k");
   cpu::require_f32(v, op, "v");
   cpu::require_f32(out, op, "out");
   cpu::require_f32(lse, op, "lse");
-  cpu::require_ndim(q, 4, op, "q");
-  cpu::require_ndim(k, 4, op, "k");
-  cpu::require_ndim(v, 4, op, "v");
-  AttentionShape s{};
-  s.batch = q.shape[0];
-  s.seq_len = q.shape[1];
-  s.q_heads = q.shape[2];
-  s.dim = q.shape[3];
-  s.kv_heads = k.shape[2];
-  const bool kv_ok = k.shape[0] == s.batch && k.shape[1] == s.seq_len && k.shape[3] == s.dim &&
-                     v.ndim == 4 && v.shape == k.shape;
-  if (!kv_ok || s.dim == 0 || s.kv_heads == 0 || s.q_heads % s.kv_heads != 0) {
-    throw std::invalid_argument(std::string(op) + ": q " + q.shape_string() + ", k " +
-                                k.shape_string() + ", v " + v.shape_string() +
-                                " do not fit q[B, T, Hq, d], k/v[B, T, Hkv, d] with Hq % Hkv == 0");
-  }
-  cpu::require_numel(out, q.numel(), op, "out");
-  cpu::require_numel(lse, s.batch * s.q_heads * s.seq_len, op, "lse");
-  s.padded_dim = cpu_attention_padded_dim(s.dim);
-  s.tiles = (s.seq_len + kTile - 1) / kTile;
-  s.scale = float(1.0 / std::sqrt(double(s.dim)));
-  return s;
+  const contracts::AttentionShape in = contracts::attention_shape(q, k);
+  return {in.batch,
+          in.seq_len,
+          in.q_heads,
+          in.kv_heads,
+          in.dim,
+          cpu_attention_padded_dim(in.dim),
+          (in.seq_len + kTile - 1) / kTile,
+          float(1.0 / std::sqrt(double(in.dim)))};
 }
 
 // Hands out consecutive pieces of one thread's scratch slice.
@@ -207,9 +197,9 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
 
 }  // namespace
 
-void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                   const Tensor& k, const Tensor& v) {
-  const AttentionShape s = check_attention(q, k, v, out, lse, "attention_forward");
+void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                        const Tensor& k, const Tensor& v) {
+  const AttentionShape s = checked_shape(q, k, v, out, lse, "attention_forward");
   const int64_t pdim = s.padded_dim;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;
@@ -272,19 +262,15 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
   }
 }
 
-void CpuBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                    const Tensor& dout, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const Tensor& out, const Tensor& lse) {
+void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                         const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& lse) {
   const char* op = "attention_backward";
-  const AttentionShape s = check_attention(q, k, v, out, lse, op);
+  const AttentionShape s = checked_shape(q, k, v, out, lse, op);
   cpu::require_f32(dq, op, "dq");
   cpu::require_f32(dk, op, "dk");
   cpu::require_f32(dv, op, "dv");
   cpu::require_f32(dout, op, "dout");
-  cpu::require_numel(dq, q.numel(), op, "dq");
-  cpu::require_numel(dout, q.numel(), op, "dout");
-  cpu::require_numel(dk, k.numel(), op, "dk");
-  cpu::require_numel(dv, k.numel(), op, "dv");
   const int64_t pdim = s.padded_dim;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;

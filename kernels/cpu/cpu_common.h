@@ -1,5 +1,6 @@
-// Helpers shared by the cpu backend's source files: argument checks (done before any
-// OpenMP region, since an exception must not leave one) and a vectorisable exp.
+// Helpers shared by the cpu backend's source files: dtype checks (done before any OpenMP
+// region, since an exception must not leave one; the shapes are the op's contract,
+// kernels/op_contracts.h) and a vectorisable exp.
 #pragma once
 
 #include <bit>
@@ -7,15 +8,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/shape_checks.h"
 #include "kernels/tensor.h"
 
 namespace ulysses::cpu {
-
-// Shape checks with the messages every backend shares (kernels/shape_checks.h).
-using shape_checks::require_ndim;
-using shape_checks::require_numel;
-using shape_checks::rows_of;
 
 inline void require_f32(const Tensor& t, const char* op, const char* name) {
   if (t.dtype != DType::f32 || t.data == nullptr) {

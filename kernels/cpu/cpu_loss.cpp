@@ -9,38 +9,30 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/op_contracts.h"
 #include "kernels/op_scratch.h"
 
 namespace ulysses {
 
-LossResult CpuBackend::lm_head_loss(const Tensor& hidden, const Tensor& weight,
-                                    const Tensor& targets, int64_t tile_rows, float grad_scale,
-                                    const Tensor& dhidden, const Tensor& dweight) {
+LossResult CpuBackend::lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
+                                         const Tensor& targets, int64_t tile_rows, float grad_scale,
+                                         const Tensor& dhidden, const Tensor& dweight) {
   const char* op = "lm_head_loss";
   cpu::require_f32(hidden, op, "hidden");
   cpu::require_f32(weight, op, "weight");
   cpu::require_i32(targets, op, "targets");
-  cpu::require_ndim(weight, 2, op, "weight");
   const int64_t vocab = weight.shape[0], width = weight.shape[1];
-  const int64_t rows = cpu::rows_of(hidden, width, op, "hidden");
-  cpu::require_numel(targets, rows, op, "targets");
-  if (tile_rows < 1) throw std::invalid_argument("lm_head_loss: tile_rows must be >= 1");
+  const int64_t rows = hidden.numel() / width;
   const bool with_grad = !dhidden.empty();
   if (with_grad) {
     cpu::require_f32(dhidden, op, "dhidden");
     cpu::require_f32(dweight, op, "dweight");
-    cpu::require_numel(dhidden, rows * width, op, "dhidden");
-    cpu::require_numel(dweight, vocab * width, op, "dweight");
   }
 
   const int32_t* target_ids = targets.i32();
   std::vector<int64_t> counted;
   for (int64_t r = 0; r < rows; ++r) {
-    if (target_ids[r] >= vocab) {
-      throw std::out_of_range("lm_head_loss: target " + std::to_string(target_ids[r]) + " at row " +
-                              std::to_string(r) + " is outside the vocabulary [0, " +
-                              std::to_string(vocab) + ")");
-    }
+    contracts::check_target(target_ids[r], r, vocab);
     if (target_ids[r] >= 0) counted.push_back(r);
   }
   if (with_grad) fill_zero(dhidden);

@@ -9,7 +9,6 @@
 namespace ulysses {
 
 using cpu::require_f32;
-using cpu::require_numel;
 
 namespace {
 
@@ -33,17 +32,15 @@ void add_column_sums(float* dst, int64_t width, int64_t rows, Term term) {
 
 }  // namespace
 
-void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                 const Tensor& weight, float eps) {
+void CpuBackend::rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                      const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
   require_f32(out, op, "out");
   require_f32(rstd, op, "rstd");
   require_f32(x, op, "x");
   require_f32(weight, op, "weight");
   const int64_t width = weight.numel();
-  const int64_t rows = cpu::rows_of(x, width, op, "x");
-  require_numel(out, x.numel(), op, "out");
-  require_numel(rstd, rows, op, "rstd");
+  const int64_t rows = x.numel() / width;
 
   const float* in = x.f32();
   const float* w = weight.f32();
@@ -62,8 +59,8 @@ void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Te
   }
 }
 
-void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                  const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+void CpuBackend::rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                       const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
   require_f32(dx, op, "dx");
   require_f32(dweight, op, "dweight");
@@ -72,11 +69,7 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const
   require_f32(weight, op, "weight");
   require_f32(rstd, op, "rstd");
   const int64_t width = weight.numel();
-  const int64_t rows = cpu::rows_of(x, width, op, "x");
-  require_numel(dx, x.numel(), op, "dx");
-  require_numel(dout, x.numel(), op, "dout");
-  require_numel(dweight, width, op, "dweight");
-  require_numel(rstd, rows, op, "rstd");
+  const int64_t rows = x.numel() / width;
 
   const float* in = x.f32();
   const float* w = weight.f32();
@@ -105,9 +98,9 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const
   }
 }
 
-void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                   float eps) {
+void CpuBackend::layernorm_forward_impl(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                        float eps) {
   const char* op = "layernorm_forward";
   require_f32(out, op, "out");
   require_f32(mean, op, "mean");
@@ -116,11 +109,7 @@ void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const 
   require_f32(weight, op, "weight");
   require_f32(bias, op, "bias");
   const int64_t width = weight.numel();
-  const int64_t rows = cpu::rows_of(x, width, op, "x");
-  require_numel(out, x.numel(), op, "out");
-  require_numel(mean, rows, op, "mean");
-  require_numel(rstd, rows, op, "rstd");
-  require_numel(bias, width, op, "bias");
+  const int64_t rows = x.numel() / width;
 
   const float* in = x.f32();
   const float* w = weight.f32();
@@ -149,9 +138,10 @@ void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const 
   }
 }
 
-void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                    const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                    const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::layernorm_backward_impl(const Tensor& dx, const Tensor& dweight,
+                                         const Tensor& dbias, const Tensor& dout, const Tensor& x,
+                                         const Tensor& weight, const Tensor& mean,
+                                         const Tensor& rstd) {
   const char* op = "layernorm_backward";
   require_f32(dx, op, "dx");
   require_f32(dweight, op, "dweight");
@@ -162,13 +152,7 @@ void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, con
   require_f32(mean, op, "mean");
   require_f32(rstd, op, "rstd");
   const int64_t width = weight.numel();
-  const int64_t rows = cpu::rows_of(x, width, op, "x");
-  require_numel(dx, x.numel(), op, "dx");
-  require_numel(dout, x.numel(), op, "dout");
-  require_numel(dweight, width, op, "dweight");
-  require_numel(dbias, width, op, "dbias");
-  require_numel(mean, rows, op, "mean");
-  require_numel(rstd, rows, op, "rstd");
+  const int64_t rows = x.numel() / width;
 
   const float* in = x.f32();
   const float* w = weight.f32();

@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_activations_kernels.cuh"
 #include "kernels/cuda/cuda_backend_impl.cuh"
+#include "kernels/op_contracts.h"
 
 namespace ulysses {
 
@@ -18,49 +19,28 @@ using cuda::LaunchShape;
 
 namespace {
 
-// Token ids come from data files (untrusted): every id must index a row of wte.
+// The token ids, downloaded to be checked (kernels/op_contracts.h).
 std::vector<int32_t> checked_token_ids(CudaBackend& backend, const Tensor& tokens, int64_t vocab,
                                        const char* op) {
   std::vector<int32_t> ids(size_t(tokens.numel()));
   backend.download(ids.data(), tokens);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab)
-      throw std::out_of_range(std::string(op) + ": token id " + std::to_string(ids[i]) +
-                              " at index " + std::to_string(i) + " is outside the vocabulary [0, " +
-                              std::to_string(vocab) + ")");
-  }
+  contracts::check_token_ids(ids.data(), int64_t(ids.size()), vocab, op);
   return ids;
-}
-
-void check_positions(const Tensor& wpe, int64_t pos_offset, int64_t seq_len, const char* op) {
-  if (pos_offset < 0 || pos_offset + seq_len > wpe.shape[0])
-    throw std::out_of_range(std::string(op) + ": positions [" + std::to_string(pos_offset) + ", " +
-                            std::to_string(pos_offset + seq_len) + ") exceed wpe " +
-                            wpe.shape_string());
 }
 
 }  // namespace
 
-void CudaBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                    const Tensor& wpe, int64_t pos_offset) {
+void CudaBackend::embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                         const Tensor& wpe, int64_t pos_offset) {
   const char* op = "embedding_forward";
   cuda::require_float(wte, op, "wte");
   cuda::require_same_dtype(out, wte, op, "out", "wte");
   cuda::require_dtype(tokens, DType::i32, op, "tokens");
-  cuda::require_ndim(wte, 2, op, "wte");
   const int64_t vocab = wte.shape[0], width = wte.shape[1];
   const int64_t n = tokens.numel();
-  const int64_t seq_len = tokens.shape[tokens.ndim - 1];
-  cuda::require_numel(out, n * width, op, "out");
+  const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !wpe.empty();
-  if (with_positions) {
-    cuda::require_same_dtype(wpe, wte, op, "wpe", "wte");
-    cuda::require_ndim(wpe, 2, op, "wpe");
-    if (wpe.shape[1] != width)
-      throw std::invalid_argument(std::string(op) + ": wpe " + wpe.shape_string() + " and wte " +
-                                  wte.shape_string() + " differ in width");
-    check_positions(wpe, pos_offset, seq_len, op);
-  }
+  if (with_positions) cuda::require_same_dtype(wpe, wte, op, "wpe", "wte");
   checked_token_ids(*this, tokens, vocab, op);
   if (n == 0) return;
   cuda::dispatch_float(wte, op, [&](auto tag) {
@@ -73,26 +53,18 @@ void CudaBackend::embedding_forward(const Tensor& out, const Tensor& tokens, con
   check_launch(op);
 }
 
-void CudaBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                     const Tensor& tokens, int64_t pos_offset) {
+void CudaBackend::embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe,
+                                          const Tensor& dout, const Tensor& tokens,
+                                          int64_t pos_offset) {
   const char* op = "embedding_backward";
   cuda::require_dtype(dwte, DType::f32, op, "dwte");
   cuda::require_float(dout, op, "dout");
   cuda::require_dtype(tokens, DType::i32, op, "tokens");
-  cuda::require_ndim(dwte, 2, op, "dwte");
   const int64_t vocab = dwte.shape[0], width = dwte.shape[1];
   const int64_t n = tokens.numel();
-  const int64_t seq_len = tokens.shape[tokens.ndim - 1];
-  cuda::require_numel(dout, n * width, op, "dout");
+  const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !dwpe.empty();
-  if (with_positions) {
-    cuda::require_dtype(dwpe, DType::f32, op, "dwpe");
-    cuda::require_ndim(dwpe, 2, op, "dwpe");
-    if (dwpe.shape[1] != width)
-      throw std::invalid_argument(std::string(op) + ": dwpe " + dwpe.shape_string() + " and dwte " +
-                                  dwte.shape_string() + " differ in width");
-    check_positions(dwpe, pos_offset, seq_len, op);
-  }
+  if (with_positions) cuda::require_dtype(dwpe, DType::f32, op, "dwpe");
   if (n > int64_t(0x7fffffff))
     throw std::invalid_argument(std::string(op) + ": more than 2^31 tokens in one call");
   const std::vector<int32_t> ids = checked_token_ids(*this, tokens, vocab, op);
@@ -125,14 +97,10 @@ void CudaBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, con
 
 // ---- RoPE --------------------------------------------------------------------------------
 
-void CudaBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
+void CudaBackend::rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
   const char* op = "rope";
   cuda::require_float(x, op, "x");
-  cuda::require_ndim(x, 4, op, "x");
   const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2], dim = x.shape[3];
-  if (dim % 2 != 0)
-    throw std::invalid_argument("rope: head dim " + std::to_string(dim) + " is odd");
-  if (pos_offset < 0) throw std::invalid_argument("rope: negative pos_offset");
   const int64_t half = dim / 2;
   if (x.numel() == 0) return;
   Buffer table = rope_table(*this, seq_len, half);
@@ -154,14 +122,12 @@ void CudaBackend::rope(const Tensor& x, int64_t pos_offset, float theta, bool in
 
 // ---- SwiGLU and GELU ---------------------------------------------------------------------
 
-void CudaBackend::swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+void CudaBackend::swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_forward";
   cuda::require_float(gate, op, "gate");
   cuda::require_same_dtype(out, gate, op, "out", "gate");
   cuda::require_same_dtype(up, gate, op, "up", "gate");
   const int64_t n = out.numel();
-  cuda::require_numel(gate, n, op, "gate");
-  cuda::require_numel(up, n, op, "up");
   if (n == 0) return;
   cuda::dispatch_float(gate, op, [&](auto tag) {
     using T = decltype(tag);
@@ -173,8 +139,8 @@ void CudaBackend::swiglu_forward(const Tensor& out, const Tensor& gate, const Te
   check_launch(op);
 }
 
-void CudaBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                                  const Tensor& gate, const Tensor& up) {
+void CudaBackend::swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                                       const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_backward";
   cuda::require_float(gate, op, "gate");
   cuda::require_same_dtype(dgate, gate, op, "dgate", "gate");
@@ -182,10 +148,6 @@ void CudaBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const 
   cuda::require_same_dtype(dout, gate, op, "dout", "gate");
   cuda::require_same_dtype(up, gate, op, "up", "gate");
   const int64_t n = dout.numel();
-  cuda::require_numel(dgate, n, op, "dgate");
-  cuda::require_numel(dup, n, op, "dup");
-  cuda::require_numel(gate, n, op, "gate");
-  cuda::require_numel(up, n, op, "up");
   if (n == 0) return;
   cuda::dispatch_float(gate, op, [&](auto tag) {
     using T = decltype(tag);
@@ -197,12 +159,11 @@ void CudaBackend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const 
   check_launch(op);
 }
 
-void CudaBackend::gelu_forward(const Tensor& out, const Tensor& x) {
+void CudaBackend::gelu_forward_impl(const Tensor& out, const Tensor& x) {
   const char* op = "gelu_forward";
   cuda::require_float(x, op, "x");
   cuda::require_same_dtype(out, x, op, "out", "x");
   const int64_t n = x.numel();
-  cuda::require_numel(out, n, op, "out");
   if (n == 0) return;
   cuda::dispatch_float(x, op, [&](auto tag) {
     using T = decltype(tag);
@@ -213,14 +174,12 @@ void CudaBackend::gelu_forward(const Tensor& out, const Tensor& x) {
   check_launch(op);
 }
 
-void CudaBackend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+void CudaBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   const char* op = "gelu_backward";
   cuda::require_float(x, op, "x");
   cuda::require_same_dtype(dx, x, op, "dx", "x");
   cuda::require_same_dtype(dout, x, op, "dout", "x");
   const int64_t n = x.numel();
-  cuda::require_numel(dx, n, op, "dx");
-  cuda::require_numel(dout, n, op, "dout");
   if (n == 0) return;
   cuda::dispatch_float(x, op, [&](auto tag) {
     using T = decltype(tag);

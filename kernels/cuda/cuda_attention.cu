@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_attention_kernels.cuh"
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cudnn_attention.h"
+#include "kernels/op_contracts.h"
 
 namespace ulysses {
 
@@ -34,41 +35,32 @@ void allow_shared_memory(Kernel kernel, size_t bytes, const char* op) {
              op);
 }
 
-AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, const char* op) {
+// Dtypes and the kernels' limits are this backend's part of the contract; the front checked
+// the shapes (kernels/op_contracts.h).
+AttentionDims checked_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& lse, const char* op) {
   cuda::require_dtype(q, DType::bf16, op, "q");
   cuda::require_dtype(k, DType::bf16, op, "k");
   cuda::require_dtype(v, DType::bf16, op, "v");
   cuda::require_dtype(out, DType::bf16, op, "out");
   cuda::require_dtype(lse, DType::f32, op, "lse");
-  cuda::require_ndim(q, 4, op, "q");
-  cuda::require_ndim(k, 4, op, "k");
-  cuda::require_ndim(v, 4, op, "v");
-  const int64_t batch = q.shape[0], seq_len = q.shape[1], q_heads = q.shape[2], dim = q.shape[3];
-  const int64_t kv_heads = k.shape[2];
-  const bool kv_ok = k.shape[0] == batch && k.shape[1] == seq_len && k.shape[3] == dim &&
-                     v.ndim == 4 && v.shape == k.shape;
-  if (!kv_ok || kv_heads == 0 || q_heads % kv_heads != 0)
-    throw std::invalid_argument(std::string(op) + ": q " + q.shape_string() + ", k " +
-                                k.shape_string() + ", v " + v.shape_string() +
-                                " do not fit q[B, T, Hq, d], k/v[B, T, Hkv, d] with Hq % Hkv == 0");
-  if (dim < 2 || dim > kMaxHeadDim || dim % 2 != 0)
-    throw std::invalid_argument(std::string(op) + ": head dim " + std::to_string(dim) +
+  const contracts::AttentionShape s = contracts::attention_shape(q, k);
+  if (s.dim < 2 || s.dim > kMaxHeadDim || s.dim % 2 != 0)
+    throw std::invalid_argument(std::string(op) + ": head dim " + std::to_string(s.dim) +
                                 " is not supported by the native cuda attention (even, 2..." +
                                 std::to_string(kMaxHeadDim) + ")");
-  if (batch > 65535 || q_heads > 65535)
+  if (s.batch > 65535 || s.q_heads > 65535)
     throw std::invalid_argument(std::string(op) + ": batch and heads must be at most 65535");
-  cuda::require_numel(out, q.numel(), op, "out");
-  cuda::require_numel(lse, batch * q_heads * seq_len, op, "lse");
-  return {seq_len, int(q_heads), int(kv_heads), int(dim), float(1.0 / std::sqrt(double(dim)))};
+  return {s.seq_len, int(s.q_heads), int(s.kv_heads), int(s.dim),
+          float(1.0 / std::sqrt(double(s.dim)))};
 }
 
 }  // namespace
 
-void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                    const Tensor& k, const Tensor& v) {
+void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                         const Tensor& k, const Tensor& v) {
   const char* op = "attention_forward";
-  const AttentionDims dims = check_attention(q, k, v, out, lse, op);
+  const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
   if (cudnn_attention_) return cudnn_attention_->forward(out, lse, q, k, v);
@@ -87,19 +79,15 @@ void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const 
   check_launch(op);
 }
 
-void CudaBackend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                     const Tensor& dout, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, const Tensor& out, const Tensor& lse) {
+void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                          const Tensor& dout, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& out, const Tensor& lse) {
   const char* op = "attention_backward";
-  const AttentionDims dims = check_attention(q, k, v, out, lse, op);
+  const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
   cuda::require_dtype(dq, DType::bf16, op, "dq");
   cuda::require_dtype(dk, DType::bf16, op, "dk");
   cuda::require_dtype(dv, DType::bf16, op, "dv");
   cuda::require_dtype(dout, DType::bf16, op, "dout");
-  cuda::require_numel(dq, q.numel(), op, "dq");
-  cuda::require_numel(dout, q.numel(), op, "dout");
-  cuda::require_numel(dk, k.numel(), op, "dk");
-  cuda::require_numel(dv, k.numel(), op, "dv");
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
   if (cudnn_attention_) return cudnn_attention_->backward(dq, dk, dv, dout, q, k, v, out, lse);

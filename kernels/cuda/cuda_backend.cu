@@ -208,7 +208,7 @@ void CudaBackend::wait_transfer(int64_t ticket) {
 
 // ---- data movement -----------------------------------------------------------------------
 
-void CudaBackend::upload(const Tensor& dst, const void* host_src) {
+void CudaBackend::upload_impl(const Tensor& dst, const void* host_src) {
   if (dst.bytes() == 0) return;
   check_cuda(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, stream_),
              "upload (cudaMemcpyAsync)");
@@ -216,33 +216,26 @@ void CudaBackend::upload(const Tensor& dst, const void* host_src) {
   check_cuda(cudaStreamSynchronize(stream_), "upload (synchronize)");
 }
 
-void CudaBackend::download(void* host_dst, const Tensor& src) {
+void CudaBackend::download_impl(void* host_dst, const Tensor& src) {
   if (src.bytes() == 0) return;
   check_cuda(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_),
              "download (cudaMemcpyAsync)");
   check_cuda(cudaStreamSynchronize(stream_), "download (synchronize)");
 }
 
-void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
-  if (dst.dtype != src.dtype || dst.numel() != src.numel())
-    throw std::invalid_argument("copy: dst " + cuda::describe(dst) + " and src " +
-                                cuda::describe(src) + " differ in type or element count");
+void CudaBackend::copy_impl(const Tensor& dst, const Tensor& src) {
   if (dst.bytes() == 0 || dst.data == src.data) return;
   check_cuda(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_),
              "copy (cudaMemcpyAsync)");
 }
 
-void CudaBackend::fill_zero(const Tensor& dst) {
+void CudaBackend::fill_zero_impl(const Tensor& dst) {
   if (dst.bytes() == 0) return;
   check_cuda(cudaMemsetAsync(dst.data, 0, dst.bytes(), stream_), "fill_zero (cudaMemsetAsync)");
 }
 
-void CudaBackend::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                          int64_t row_bytes, int64_t rows) {
-  if (row_bytes < 0 || rows < 0 || (rows > 1 && (dst_pitch < row_bytes || src_pitch < row_bytes)))
-    throw std::invalid_argument("copy_2d: pitches must be at least row_bytes (" +
-                                std::to_string(row_bytes) + "), got dst " +
-                                std::to_string(dst_pitch) + " src " + std::to_string(src_pitch));
+void CudaBackend::copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                               int64_t row_bytes, int64_t rows) {
   if (row_bytes == 0 || rows == 0) return;
   if (rows == 1) {
     check_cuda(cudaMemcpyAsync(dst, src, size_t(row_bytes), cudaMemcpyDeviceToDevice, stream_),
@@ -270,8 +263,7 @@ void CudaBackend::synchronize() {
 
 // ---- elementwise -------------------------------------------------------------------------
 
-void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
-  cuda::require_numel(dst, src.numel(), "cast", "dst");
+void CudaBackend::cast_impl(const Tensor& dst, const Tensor& src) {
   if (dst.dtype == src.dtype) {
     copy(dst, src);
     return;
@@ -279,23 +271,19 @@ void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
   const int64_t n = src.numel();
   if (n == 0) return;
   const LaunchShape shape = cuda::elementwise_launch(n);
-  if (src.dtype == DType::f32 && dst.dtype == DType::bf16) {
+  if (src.dtype == DType::f32) {
     cuda::cast_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
         static_cast<bf16*>(dst.data), static_cast<const float*>(src.data), n);
-  } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
+  } else {
     cuda::cast_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
         static_cast<float*>(dst.data), static_cast<const bf16*>(src.data), n);
-  } else {
-    throw std::invalid_argument(std::string("cast: unsupported ") + dtype_name(src.dtype) + " -> " +
-                                dtype_name(dst.dtype) + " (only f32 <-> bf16)");
   }
   check_launch("cast");
 }
 
-void CudaBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
+void CudaBackend::axpy_impl(const Tensor& y, const Tensor& x, float alpha) {
   cuda::require_float(y, "axpy", "y");
   cuda::require_float(x, "axpy", "x");
-  cuda::require_numel(x, y.numel(), "axpy", "x");
   if (y.dtype == DType::bf16 && x.dtype == DType::f32)
     throw std::invalid_argument("axpy: y " + cuda::describe(y) + " is bf16 but x " +
                                 cuda::describe(x) +
@@ -315,7 +303,7 @@ void CudaBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
   check_launch("axpy");
 }
 
-void CudaBackend::scale(const Tensor& x, float alpha) {
+void CudaBackend::scale_impl(const Tensor& x, float alpha) {
   cuda::require_float(x, "scale", "x");
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -328,26 +316,19 @@ void CudaBackend::scale(const Tensor& x, float alpha) {
   check_launch("scale");
 }
 
-double CudaBackend::sum_squares(const Tensor& x) {
+double CudaBackend::sum_squares_impl(const Tensor& x) {
   cuda::require_float(x, "sum_squares", "x");
   const int64_t n = x.numel();
   if (n == 0) return 0.0;
-  const LaunchShape partial_shape = cuda::sum_squares_partial_launch(n);
-  const int blocks = int(partial_shape.grid.x);
+  const int blocks = cuda::sum_squares_blocks(n);
   Buffer partial =
       alloc(MemCategory::workspace, DType::f32, {2 * (blocks + 1)}, "sum_squares partials");
   double* partial_data = static_cast<double*>(partial.tensor().data);
   dispatch_float(x, "sum_squares", [&](auto tag) {
     using T = decltype(tag);
-    cuda::sum_squares_partial_kernel<<<partial_shape.grid, partial_shape.threads,
-                                       partial_shape.shared_bytes, stream_>>>(
-        partial_data, static_cast<const T*>(x.data), n);
+    cuda::sum_squares_passes(cuda::StreamLaunch{stream_, "sum_squares"}, partial_data,
+                             static_cast<const T*>(x.data), n);
   });
-  check_launch("sum_squares");
-  const LaunchShape total_shape = cuda::sum_partials_launch();
-  cuda::sum_partials_kernel<<<total_shape.grid, total_shape.threads, total_shape.shared_bytes,
-                              stream_>>>(partial_data + blocks, partial_data, blocks);
-  check_launch("sum_squares");
   double total = 0.0;
   check_cuda(cudaMemcpyAsync(&total, partial_data + blocks, sizeof(double), cudaMemcpyDeviceToHost,
                              stream_),
@@ -358,11 +339,11 @@ double CudaBackend::sum_squares(const Tensor& x) {
 
 // ---- bias --------------------------------------------------------------------------------
 
-void CudaBackend::bias_forward(const Tensor& out, const Tensor& bias) {
+void CudaBackend::bias_forward_impl(const Tensor& out, const Tensor& bias) {
   cuda::require_float(out, "bias_forward", "out");
   cuda::require_float(bias, "bias_forward", "bias");
   const int64_t width = bias.numel();
-  const int64_t rows = cuda::rows_of(out, width, "bias_forward", "out");
+  const int64_t rows = out.numel() / width;
   if (rows == 0) return;
   dispatch_float(out, "bias_forward", [&](auto out_tag) {
     using T = decltype(out_tag);
@@ -383,11 +364,11 @@ void CudaBackend::reduce_columns(float* dst, const float* parts, int64_t rows, i
   check_launch("column reduction");
 }
 
-void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+void CudaBackend::bias_backward_impl(const Tensor& dbias, const Tensor& dout) {
   cuda::require_dtype(dbias, DType::f32, "bias_backward", "dbias");
   cuda::require_float(dout, "bias_backward", "dout");
   const int64_t width = dbias.numel();
-  const int64_t rows = cuda::rows_of(dout, width, "bias_backward", "dout");
+  const int64_t rows = dout.numel() / width;
   if (rows == 0) return;
   const cuda::ColumnChunks chunks = cuda::column_chunks(rows);
   Buffer parts = alloc(MemCategory::workspace, DType::f32, {chunks.chunks, width},
@@ -406,17 +387,13 @@ void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
 
 // ---- optimizer ---------------------------------------------------------------------------
 
-void CudaBackend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                        const AdamWStep& step) {
+void CudaBackend::adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m,
+                             const Tensor& v, const AdamWStep& step) {
   cuda::require_dtype(param, DType::f32, "adamw", "param");
   cuda::require_dtype(grad, DType::f32, "adamw", "grad");
   cuda::require_dtype(m, DType::f32, "adamw", "m");
   cuda::require_dtype(v, DType::f32, "adamw", "v");
   const int64_t n = param.numel();
-  cuda::require_numel(grad, n, "adamw", "grad");
-  cuda::require_numel(m, n, "adamw", "m");
-  cuda::require_numel(v, n, "adamw", "v");
-  if (step.step < 1) throw std::invalid_argument("adamw: step must be >= 1 (1-based)");
   if (n == 0) return;
   // The scalars and the update are the cpu backend's (kernels/op_formulas.h).
   const formulas::AdamWScalars s = formulas::adamw_scalars(step);

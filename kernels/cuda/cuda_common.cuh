@@ -1,5 +1,6 @@
-// Helpers shared by the CUDA backend's host code: status checks that throw and dtype checks
-// that name the op and tensor. The device environment is kernels/cuda/cuda_device.cuh.
+// Helpers shared by the CUDA backend's host code: status checks that throw, a checked launch on
+// a stream, and dtype checks that name the op and tensor (the shapes are the op's contract,
+// kernels/op_contracts.h). The device environment is kernels/cuda/cuda_device.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,15 +11,9 @@
 #include <string>
 
 #include "kernels/cuda/cuda_device.cuh"
-#include "kernels/shape_checks.h"
 #include "kernels/tensor.h"
 
 namespace ulysses::cuda {
-
-// Shape checks with the messages every backend shares (kernels/shape_checks.h).
-using shape_checks::require_ndim;
-using shape_checks::require_numel;
-using shape_checks::rows_of;
 
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
@@ -30,6 +25,20 @@ inline void check_cuda(cudaError_t status, const char* what) {
 inline void check_launch(const char* op) {
   check_cuda(cudaGetLastError(), op);
 }
+
+// Runs kernel<<<shape, stream>>>(args...) and checks the launch: how the host-side code that
+// the backend shares with the host emulation (sum_squares_passes, lm_head_loss_tiles) launches
+// a kernel on the device. The emulation's HostLaunch (tests/cuda_emulation.h) runs it instead.
+struct StreamLaunch {
+  cudaStream_t stream;
+  const char* op;
+
+  template <typename Kernel, typename... Args>
+  void operator()(const LaunchShape& shape, Kernel kernel, Args... args) const {
+    kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream>>>(args...);
+    check_launch(op);
+  }
+};
 
 inline std::string describe(const Tensor& t) {
   return std::string(dtype_name(t.dtype)) + " " + t.shape_string();

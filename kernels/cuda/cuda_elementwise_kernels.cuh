@@ -24,6 +24,10 @@ inline LaunchShape sum_squares_partial_launch(int64_t n) {
 inline LaunchShape sum_partials_launch() {
   return {dim3(1), unsigned(kThreads), 0};
 }
+// The partials of the sum of squares of n elements.
+inline int sum_squares_blocks(int64_t n) {
+  return int(sum_squares_partial_launch(n).grid.x);
+}
 
 // Each header user gets its own copy (internal linkage): the kernels are not relocatable.
 namespace {
@@ -72,6 +76,17 @@ __global__ void sum_partials_kernel(double* total, const double* partial, int co
   __shared__ typename Reduce::TempStorage storage;
   const double block_sum = Reduce(storage).Sum(sum);
   if (threadIdx.x == 0) *total = block_sum;
+}
+
+// The sum of squares' two passes, shared by the backend and the host emulation: the partials
+// into partial[0, blocks), then their sum into partial[blocks], where blocks is
+// sum_squares_blocks(n). launch(shape, kernel, args...) runs one kernel, on the stream
+// (StreamLaunch, kernels/cuda/cuda_common.cuh) or on the host (tests/cuda_emulation.h).
+template <typename T, typename Launch>
+void sum_squares_passes(const Launch& launch, double* partial, const T* x, int64_t n) {
+  const int blocks = sum_squares_blocks(n);
+  launch(sum_squares_partial_launch(n), sum_squares_partial_kernel<T>, partial, x, n);
+  launch(sum_partials_launch(), sum_partials_kernel, partial + blocks, partial, blocks);
 }
 
 template <typename T, typename TB>

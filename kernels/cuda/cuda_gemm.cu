@@ -97,8 +97,8 @@ const CudaBackend::GemmPlan& CudaBackend::gemm_plan(const GemmKey& key) {
   return gemm_plans_.emplace(key, plan).first->second;
 }
 
-void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                       const Tensor& c, float alpha, float beta) {
+void CudaBackend::gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                            const Tensor& c, float alpha, float beta) {
   const char* op = "gemm";
   cuda::require_float(a, op, "a");
   cuda::require_float(b, op, "b");
@@ -108,18 +108,8 @@ void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool tran
     throw std::invalid_argument("gemm: f32 inputs a " + cuda::describe(a) + " and b " +
                                 cuda::describe(b) + " need an f32 c (got " + cuda::describe(c) +
                                 ")");
-  cuda::require_ndim(a, 2, op, "a");
-  cuda::require_ndim(b, 2, op, "b");
-  cuda::require_ndim(c, 2, op, "c");
-  const int64_t m = trans_a ? a.shape[1] : a.shape[0];
+  const int64_t m = c.shape[0], n = c.shape[1];
   const int64_t k = trans_a ? a.shape[0] : a.shape[1];
-  const int64_t k_b = trans_b ? b.shape[1] : b.shape[0];
-  const int64_t n = trans_b ? b.shape[0] : b.shape[1];
-  if (k != k_b || c.shape[0] != m || c.shape[1] != n)
-    throw std::invalid_argument("gemm: shapes do not match: a " + a.shape_string() +
-                                (trans_a ? "^T" : "") + " · b " + b.shape_string() +
-                                (trans_b ? "^T" : "") + " -> c " + c.shape_string() +
-                                " (need op(a) [M, K], op(b) [K, N], c [M, N])");
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (beta == 0.0f)

@@ -22,17 +22,15 @@ void check_rows(int64_t rows, const char* op) {
 
 }  // namespace
 
-void CudaBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                  const Tensor& weight, float eps) {
+void CudaBackend::rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                       const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
   cuda::require_float(x, op, "x");
   cuda::require_same_dtype(out, x, op, "out", "x");
   cuda::require_same_dtype(weight, x, op, "weight", "x");
   cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
-  const int64_t rows = cuda::rows_of(x, width, op, "x");
-  cuda::require_numel(out, x.numel(), op, "out");
-  cuda::require_numel(rstd, rows, op, "rstd");
+  const int64_t rows = x.numel() / width;
   check_rows(rows, op);
   if (rows == 0) return;
   const LaunchShape row = cuda::block_per_row_launch(rows);
@@ -45,8 +43,8 @@ void CudaBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const T
   check_launch(op);
 }
 
-void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+void CudaBackend::rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                        const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
   cuda::require_float(x, op, "x");
   cuda::require_same_dtype(dx, x, op, "dx", "x");
@@ -55,11 +53,7 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, cons
   cuda::require_dtype(dweight, DType::f32, op, "dweight");
   cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
-  const int64_t rows = cuda::rows_of(x, width, op, "x");
-  cuda::require_numel(dx, x.numel(), op, "dx");
-  cuda::require_numel(dout, x.numel(), op, "dout");
-  cuda::require_numel(dweight, width, op, "dweight");
-  cuda::require_numel(rstd, rows, op, "rstd");
+  const int64_t rows = x.numel() / width;
   check_rows(rows, op);
   if (rows == 0) return;
   const LaunchShape row = cuda::block_per_row_launch(rows);
@@ -82,9 +76,9 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, cons
   reduce_columns(dweight.f32(), parts.f32(), chunks.chunks, width);
 }
 
-void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                    const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    float eps) {
+void CudaBackend::layernorm_forward_impl(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                         const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         float eps) {
   const char* op = "layernorm_forward";
   cuda::require_float(x, op, "x");
   cuda::require_same_dtype(out, x, op, "out", "x");
@@ -93,11 +87,7 @@ void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const
   cuda::require_dtype(mean, DType::f32, op, "mean");
   cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
-  const int64_t rows = cuda::rows_of(x, width, op, "x");
-  cuda::require_numel(out, x.numel(), op, "out");
-  cuda::require_numel(mean, rows, op, "mean");
-  cuda::require_numel(rstd, rows, op, "rstd");
-  cuda::require_numel(bias, width, op, "bias");
+  const int64_t rows = x.numel() / width;
   check_rows(rows, op);
   if (rows == 0) return;
   const LaunchShape row = cuda::block_per_row_launch(rows);
@@ -110,9 +100,10 @@ void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const
   check_launch(op);
 }
 
-void CudaBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                     const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                     const Tensor& mean, const Tensor& rstd) {
+void CudaBackend::layernorm_backward_impl(const Tensor& dx, const Tensor& dweight,
+                                          const Tensor& dbias, const Tensor& dout, const Tensor& x,
+                                          const Tensor& weight, const Tensor& mean,
+                                          const Tensor& rstd) {
   const char* op = "layernorm_backward";
   cuda::require_float(x, op, "x");
   cuda::require_same_dtype(dx, x, op, "dx", "x");
@@ -123,13 +114,7 @@ void CudaBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, co
   cuda::require_dtype(mean, DType::f32, op, "mean");
   cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
-  const int64_t rows = cuda::rows_of(x, width, op, "x");
-  cuda::require_numel(dx, x.numel(), op, "dx");
-  cuda::require_numel(dout, x.numel(), op, "dout");
-  cuda::require_numel(dweight, width, op, "dweight");
-  cuda::require_numel(dbias, width, op, "dbias");
-  cuda::require_numel(mean, rows, op, "mean");
-  cuda::require_numel(rstd, rows, op, "rstd");
+  const int64_t rows = x.numel() / width;
   check_rows(rows, op);
   if (rows == 0) return;
   const LaunchShape row = cuda::block_per_row_launch(rows);

@@ -1,0 +1,274 @@
+#include "kernels/op_contracts.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace ulysses::contracts {
+
+namespace {
+
+void require_numel(const Tensor& t, int64_t numel, const char* op, const char* name) {
+  if (t.numel() != numel)
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() + " has " +
+                                std::to_string(t.numel()) + " elements, expected " +
+                                std::to_string(numel));
+}
+
+void require_ndim(const Tensor& t, int ndim, const char* op, const char* name) {
+  if (t.ndim != ndim)
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
+                                " must be " + std::to_string(ndim) + "-D");
+}
+
+// Rows of a tensor seen as [rows, width]; throws when numel is not a multiple of width.
+int64_t rows_of(const Tensor& t, int64_t width, const char* op, const char* name) {
+  if (width <= 0 || t.numel() % width != 0)
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + t.shape_string() +
+                                " is not a whole number of rows of width " + std::to_string(width));
+  return t.numel() / width;
+}
+
+std::string describe(const Tensor& t) {
+  return std::string(dtype_name(t.dtype)) + " " + t.shape_string();
+}
+
+// The position table, when there is one: [P, C] like the token table, covering the positions
+// [pos_offset, pos_offset + T) of the sequences.
+void check_positions(const Tensor& positions, const char* name, const Tensor& tokens_table,
+                     const char* tokens_name, int64_t pos_offset, int64_t seq_len, const char* op) {
+  require_ndim(positions, 2, op, name);
+  if (positions.shape[1] != tokens_table.shape[1])
+    throw std::invalid_argument(std::string(op) + ": " + name + " " + positions.shape_string() +
+                                " and " + tokens_name + " " + tokens_table.shape_string() +
+                                " differ in width");
+  if (pos_offset < 0 || pos_offset + seq_len > positions.shape[0])
+    throw std::out_of_range(std::string(op) + ": positions [" + std::to_string(pos_offset) + ", " +
+                            std::to_string(pos_offset + seq_len) + ") exceed wpe " +
+                            positions.shape_string());
+}
+
+void check_attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const char* op) {
+  require_ndim(q, 4, op, "q");
+  require_ndim(k, 4, op, "k");
+  require_ndim(v, 4, op, "v");
+  const AttentionShape s = attention_shape(q, k);
+  const bool kv_ok =
+      k.shape[0] == s.batch && k.shape[1] == s.seq_len && k.shape[3] == s.dim && v.shape == k.shape;
+  if (!kv_ok || s.dim == 0 || s.kv_heads == 0 || s.q_heads % s.kv_heads != 0)
+    throw std::invalid_argument(std::string(op) + ": q " + q.shape_string() + ", k " +
+                                k.shape_string() + ", v " + v.shape_string() +
+                                " do not fit q[B, T, Hq, d], k/v[B, T, Hkv, d] with Hq % Hkv == 0");
+  require_numel(out, q.numel(), op, "out");
+  require_numel(lse, s.batch * s.q_heads * s.seq_len, op, "lse");
+}
+
+}  // namespace
+
+AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
+  return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]};
+}
+
+int64_t sequence_length(const Tensor& tokens) {
+  return tokens.ndim > 0 ? tokens.dim(-1) : 0;
+}
+
+void check_copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel())
+    throw std::invalid_argument("copy: dst " + describe(dst) + " and src " + describe(src) +
+                                " differ in type or element count");
+}
+
+void check_cast(const Tensor& dst, const Tensor& src) {
+  require_numel(dst, src.numel(), "cast", "dst");
+  const bool narrows = src.dtype == DType::f32 && dst.dtype == DType::bf16;
+  const bool widens = src.dtype == DType::bf16 && dst.dtype == DType::f32;
+  if (dst.dtype != src.dtype && !narrows && !widens)
+    throw std::invalid_argument(std::string("cast: unsupported ") + dtype_name(src.dtype) + " -> " +
+                                dtype_name(dst.dtype) + " (only f32 <-> bf16)");
+}
+
+void check_copy_2d(int64_t dst_pitch, int64_t src_pitch, int64_t row_bytes, int64_t rows) {
+  if (row_bytes < 0 || rows < 0 || (rows > 1 && (dst_pitch < row_bytes || src_pitch < row_bytes)))
+    throw std::invalid_argument("copy_2d: pitches must be at least row_bytes (" +
+                                std::to_string(row_bytes) + "), got dst " +
+                                std::to_string(dst_pitch) + " src " + std::to_string(src_pitch));
+}
+
+void check_axpy(const Tensor& y, const Tensor& x) {
+  require_numel(x, y.numel(), "axpy", "x");
+}
+
+void check_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+  require_ndim(a, 2, "gemm", "a");
+  require_ndim(b, 2, "gemm", "b");
+  require_ndim(c, 2, "gemm", "c");
+  const int64_t m = trans_a ? a.shape[1] : a.shape[0];
+  const int64_t k = trans_a ? a.shape[0] : a.shape[1];
+  const int64_t k_b = trans_b ? b.shape[1] : b.shape[0];
+  const int64_t n = trans_b ? b.shape[0] : b.shape[1];
+  if (k != k_b || c.shape[0] != m || c.shape[1] != n)
+    throw std::invalid_argument("gemm: shapes do not match: a " + a.shape_string() +
+                                (trans_a ? "^T" : "") + " · b " + b.shape_string() +
+                                (trans_b ? "^T" : "") + " -> c " + c.shape_string() +
+                                " (need op(a) [M, K], op(b) [K, N], c [M, N])");
+}
+
+void check_bias_forward(const Tensor& out, const Tensor& bias) {
+  rows_of(out, bias.numel(), "bias_forward", "out");
+}
+
+void check_bias_backward(const Tensor& dbias, const Tensor& dout) {
+  rows_of(dout, dbias.numel(), "bias_backward", "dout");
+}
+
+void check_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                             const Tensor& wpe, int64_t pos_offset) {
+  const char* op = "embedding_forward";
+  require_ndim(wte, 2, op, "wte");
+  require_numel(out, tokens.numel() * wte.shape[1], op, "out");
+  if (!wpe.empty())
+    check_positions(wpe, "wpe", wte, "wte", pos_offset, sequence_length(tokens), op);
+}
+
+void check_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                              const Tensor& tokens, int64_t pos_offset) {
+  const char* op = "embedding_backward";
+  require_ndim(dwte, 2, op, "dwte");
+  require_numel(dout, tokens.numel() * dwte.shape[1], op, "dout");
+  if (!dwpe.empty())
+    check_positions(dwpe, "dwpe", dwte, "dwte", pos_offset, sequence_length(tokens), op);
+}
+
+void check_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                           const Tensor& weight) {
+  const char* op = "rmsnorm_forward";
+  const int64_t rows = rows_of(x, weight.numel(), op, "x");
+  require_numel(out, x.numel(), op, "out");
+  require_numel(rstd, rows, op, "rstd");
+}
+
+void check_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                            const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward";
+  const int64_t width = weight.numel();
+  const int64_t rows = rows_of(x, width, op, "x");
+  require_numel(dx, x.numel(), op, "dx");
+  require_numel(dout, x.numel(), op, "dout");
+  require_numel(dweight, width, op, "dweight");
+  require_numel(rstd, rows, op, "rstd");
+}
+
+void check_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const char* op = "layernorm_forward";
+  const int64_t width = weight.numel();
+  const int64_t rows = rows_of(x, width, op, "x");
+  require_numel(out, x.numel(), op, "out");
+  require_numel(mean, rows, op, "mean");
+  require_numel(rstd, rows, op, "rstd");
+  require_numel(bias, width, op, "bias");
+}
+
+void check_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              const Tensor& dout, const Tensor& x, const Tensor& weight,
+                              const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_backward";
+  const int64_t width = weight.numel();
+  const int64_t rows = rows_of(x, width, op, "x");
+  require_numel(dx, x.numel(), op, "dx");
+  require_numel(dout, x.numel(), op, "dout");
+  require_numel(dweight, width, op, "dweight");
+  require_numel(dbias, width, op, "dbias");
+  require_numel(mean, rows, op, "mean");
+  require_numel(rstd, rows, op, "rstd");
+}
+
+void check_rope(const Tensor& x, int64_t pos_offset) {
+  require_ndim(x, 4, "rope", "x");
+  if (x.shape[3] % 2 != 0)
+    throw std::invalid_argument("rope: head dim " + std::to_string(x.shape[3]) + " is odd");
+  if (pos_offset < 0) throw std::invalid_argument("rope: negative pos_offset");
+}
+
+void check_swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  const int64_t n = out.numel();
+  require_numel(gate, n, "swiglu_forward", "gate");
+  require_numel(up, n, "swiglu_forward", "up");
+}
+
+void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                           const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_backward";
+  const int64_t n = dout.numel();
+  require_numel(dgate, n, op, "dgate");
+  require_numel(dup, n, op, "dup");
+  require_numel(gate, n, op, "gate");
+  require_numel(up, n, op, "up");
+}
+
+void check_gelu_forward(const Tensor& out, const Tensor& x) {
+  require_numel(out, x.numel(), "gelu_forward", "out");
+}
+
+void check_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  require_numel(dx, x.numel(), "gelu_backward", "dx");
+  require_numel(dout, x.numel(), "gelu_backward", "dout");
+}
+
+void check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v) {
+  check_attention(out, lse, q, k, v, "attention_forward");
+}
+
+void check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse) {
+  const char* op = "attention_backward";
+  check_attention(out, lse, q, k, v, op);
+  require_numel(dq, q.numel(), op, "dq");
+  require_numel(dout, q.numel(), op, "dout");
+  require_numel(dk, k.numel(), op, "dk");
+  require_numel(dv, k.numel(), op, "dv");
+}
+
+void check_lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                        int64_t tile_rows, const Tensor& dhidden, const Tensor& dweight) {
+  const char* op = "lm_head_loss";
+  require_ndim(weight, 2, op, "weight");
+  const int64_t vocab = weight.shape[0], width = weight.shape[1];
+  const int64_t rows = rows_of(hidden, width, op, "hidden");
+  require_numel(targets, rows, op, "targets");
+  if (tile_rows < 1) throw std::invalid_argument("lm_head_loss: tile_rows must be >= 1");
+  if (!dhidden.empty()) {
+    require_numel(dhidden, rows * width, op, "dhidden");
+    require_numel(dweight, vocab * width, op, "dweight");
+  }
+}
+
+void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                 const AdamWStep& step) {
+  const int64_t n = param.numel();
+  require_numel(grad, n, "adamw", "grad");
+  require_numel(m, n, "adamw", "m");
+  require_numel(v, n, "adamw", "v");
+  if (step.step < 1) throw std::invalid_argument("adamw: step must be >= 1 (1-based)");
+}
+
+void check_token_ids(const int32_t* ids, int64_t count, int64_t vocab, const char* op) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw std::out_of_range(std::string(op) + ": token id " + std::to_string(ids[i]) +
+                              " at index " + std::to_string(i) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+  }
+}
+
+void check_target(int32_t target, int64_t row, int64_t vocab) {
+  if (target >= vocab)
+    throw std::out_of_range("lm_head_loss: target " + std::to_string(target) + " at row " +
+                            std::to_string(row) + " is outside the vocabulary [0, " +
+                            std::to_string(vocab) + ")");
+}
+
+}  // namespace ulysses::contracts
