@@ -235,7 +235,7 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
       weights.add(spec.name, spec.shape, host.data() + spec.offset);
     weights.set_metadata("format", "ulysses");
     weights.set_metadata("step", std::to_string(step));
-    weights.set_metadata("family", config_.model.family);
+    weights.set_metadata("family", name_of(config_.model.family));
     weights.write(temp_path + "/" + kCheckpointModelFile);
 
     TrainerState state;
@@ -334,7 +334,7 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
       throw CheckpointError("checkpoint '" + folder + "' was written for model." + key + "=" +
                             theirs + ", this run has model." + key + "=" + ours);
   };
-  require_same("family", recorded.family, m.family);
+  require_same("family", name_of(recorded.family), name_of(m.family));
   require_same("n_layers", std::to_string(recorded.n_layers), std::to_string(m.n_layers));
   require_same("d_model", std::to_string(recorded.d_model), std::to_string(m.d_model));
   require_same("n_heads", std::to_string(recorded.n_heads), std::to_string(m.n_heads));

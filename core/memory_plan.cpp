@@ -9,7 +9,8 @@
 namespace ulysses {
 
 MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
-  PlanningBackend backend(backend_kind(config.device), config.kernels.attention, cpu_threads);
+  PlanningBackend backend(backend_kind(name_of(config.device)), name_of(config.kernels.attention),
+                          cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp);
   Trainer trainer(config, backend, planned.mesh);
   MemoryPlan plan;
@@ -36,7 +37,7 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   // Model::init_weights, Trainer::load_initial_weights and the checkpoint writer each hold
   // one fp32 value per parameter on the host (docs/memory.md, "Known limits").
   plan.host_weights_io = plan.num_params * int64_t(sizeof(float));
-  if (config.device == "cuda")
+  if (config.device == Device::cuda)
     for (const Comm* comm : comms)
       plan.host_staging =
           std::max(plan.host_staging, static_cast<const PlanningComm*>(comm)->largest_call_bytes());
