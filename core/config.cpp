@@ -1126,6 +1126,46 @@ std::vector<std::string> config_key_values(const Config& config) {
   return lines;
 }
 
+std::string config_reference_markdown() {
+  Config defaults;
+  std::string text, section = "-";
+  for (const Field& field : fields()) {
+    const size_t dot = field.key.find('.');
+    const std::string top = dot == std::string::npos ? "" : field.key.substr(0, dot);
+    if (top != section) {
+      if (!text.empty()) text += "\n";
+      text += top.empty() ? "### Top level\n" : "### `" + top + "`\n";
+      text += "\n| key | default | allowed | meaning |\n| --- | --- | --- | --- |\n";
+      section = top;
+    }
+    const std::string value = scalar_text(defaults, field);
+    std::string default_cell = "`" + (value.empty() ? "\"\"" : value) + "`";
+    if (!field.resolved.empty()) default_cell += " → " + field.resolved;
+    // What the type says (the choices of an enum or a bool), then the range, then the rest.
+    std::vector<std::string> allowed;
+    std::visit(
+        [&](auto ref) {
+          using T = std::decay_t<decltype(ref(defaults))>;
+          std::vector<std::string> choices;
+          if constexpr (std::is_enum_v<T>) choices = names_of(T());
+          if constexpr (std::is_same_v<T, bool>) choices = {"true", "false"};
+          std::string list;
+          for (const std::string& choice : choices)
+            list += (list.empty() ? "`" : ", `") + choice + "`";
+          if (!list.empty()) allowed.push_back(list);
+        },
+        field.ref);
+    if (field.range) allowed.push_back(range_docs(*field.range));
+    if (!field.allowed.empty()) allowed.push_back(field.allowed);
+    std::string allowed_cell;
+    for (const std::string& part : allowed)
+      allowed_cell += (allowed_cell.empty() ? "" : "; ") + part;
+    text += "| `" + field.key + "` | " + default_cell + " | " + allowed_cell + " | " + field.doc +
+            " |\n";
+  }
+  return text;
+}
+
 std::string config_to_yaml(const Config& config) {
   Config copy = config;
   YAML::Emitter out;

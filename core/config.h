@@ -213,6 +213,11 @@ long double approximate_parameter_count(const ModelConfig& model);
 // the message names the numbers and what would work.
 void validate_for_world(const Config& config, int world_size);
 
+// The key tables of docs/configuration.md ("### Top level" to the last row of `log`), made
+// from the key table: default, allowed values and meaning of every key. Printed by
+// `ulysses-train config-reference`; tests/test_config_docs.cpp compares it with the docs.
+std::string config_reference_markdown();
+
 // The resolved config as YAML, for --dry-run and the run log.
 std::string config_to_yaml(const Config& config);
 // Every key as "key=value" (resolved values), in the order of the key table.
