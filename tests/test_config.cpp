@@ -474,6 +474,39 @@ TEST(Config, ReliabilityKeysHaveSafeDefaults) {
   EXPECT_EQ(parse_config("parallel:\n  timeout_s: 0\n", {}, "c.yaml").parallel.timeout_s, 0.0);
 }
 
+// Each spelling of a fixed-choice key is read into its enum and printed back as given (the
+// YAML of --dry-run and checkpoints), with the other keys its rules between keys need.
+TEST(Config, EveryChoiceReadsAndPrintsBackItsSpelling) {
+  struct Choices {
+    std::string key;
+    std::vector<std::string> names;
+    std::vector<std::string> needs;
+  };
+  const std::vector<std::string> cuda = {"device=cuda", "model.d_model=256"};
+  const std::vector<Choices> keys = {
+      {"device", kDeviceNames, {}},
+      {"model.family", kFamilyNames, {}},
+      {"train.schedule", kLrScheduleNames, {}},
+      {"train.on_nonfinite", kOnNonfiniteNames, {}},
+      {"data.source", kDataSourceNames, {"data.path=corpus/", "model.vocab_size=300"}},
+      {"data.order", kDataOrderNames, {}},
+      {"parallel.device_comm", kDeviceCommNames, cuda},
+      {"parallel.progress_thread", kProgressThreadSettingNames, {}},
+      {"memory.activation_checkpointing", kActivationCheckpointingNames, {}},
+      {"kernels.attention", kAttentionKernelNames, cuda},
+  };
+  for (const Choices& choices : keys) {
+    for (const std::string& name : choices.names) {
+      std::vector<std::string> overrides = choices.needs;
+      overrides.push_back(choices.key + "=" + name);
+      const std::vector<std::string> lines =
+          config_key_values(parse_config("", overrides, "c.yaml"));
+      EXPECT_TRUE(std::find(lines.begin(), lines.end(), choices.key + "=" + name) != lines.end())
+          << choices.key << "=" << name;
+    }
+  }
+}
+
 TEST(Config, KeyValuesListEveryResolvedKeyOnce) {
   const std::vector<std::string> lines = config_key_values(parse_config("", {}, "c.yaml"));
   EXPECT_TRUE(std::find(lines.begin(), lines.end(), "model.n_kv_heads=4") != lines.end());
