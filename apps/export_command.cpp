@@ -49,8 +49,8 @@ void export_checkpoint(const ExportOptions& options) {
   } else {
     write_llmc(options.out, recorded.model, table, params);
   }
-  spdlog::info("exported {} ({} model, {} parameters) as {} to {}", folder, recorded.model.family,
-               table.total_numel(), options.format, options.out);
+  spdlog::info("exported {} ({} model, {} parameters) as {} to {}", folder,
+               name_of(recorded.model.family), table.total_numel(), options.format, options.out);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "apps/plan_command.h"
 #include "apps/sample_command.h"
 #include "apps/world_main.h"
+#include "core/config.h"
 #include "core/job_errors.h"
 #include "core/log_setup.h"
 #include "core/run_job.h"
@@ -18,6 +19,10 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "eval") return run_eval_command(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "sample") return run_sample_command(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "plan") return run_plan_command(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "config-reference") {
+    std::cout << config_reference_markdown();
+    return 0;
+  }
   JobOptions options;
   std::string resume;
   std::string color = "auto";
@@ -38,6 +43,7 @@ int main(int argc, char** argv) {
       "  ulysses-train eval --config C --checkpoint DIR | --init-from PATH [--json]\n"
       "  ulysses-train sample --config C --checkpoint DIR | --init-from PATH [--prompt TEXT | "
       "--prompt-tokens 1,2,3] [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+      "  ulysses-train config-reference   (the key tables of docs/configuration.md)\n"
       "  ulysses-train plan --config C --seq 32k,1m --sp 1,8 --device-gib 80   (memory plan on "
       "any machine, device: cuda too)\n"
       "Docs: docs/configuration.md, docs/checkpoints.md, docs/evaluation.md, docs/memory.md, "

@@ -250,7 +250,7 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
   // stores at their offsets, one unit at a time (docs/checkpoints.md, "Writing the weights").
   const std::string weights_path = temp_path + "/" + kCheckpointModelFile;
   const std::string header =
-      checkpoint_weights_header(table, step, config_.model.family, weights_path);
+      checkpoint_weights_header(table, step, name_of(config_.model.family), weights_path);
   if (world_.rank() == 0)
     create_placed_safetensors(weights_path, header, uint64_t(total) * sizeof(float));
   world_.barrier();
@@ -361,7 +361,7 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
       throw CheckpointError("checkpoint '" + folder + "' was written for model." + key + "=" +
                             theirs + ", this run has model." + key + "=" + ours);
   };
-  require_same("family", recorded.family, m.family);
+  require_same("family", name_of(recorded.family), name_of(m.family));
   require_same("n_layers", std::to_string(recorded.n_layers), std::to_string(m.n_layers));
   require_same("d_model", std::to_string(recorded.d_model), std::to_string(m.d_model));
   require_same("n_heads", std::to_string(recorded.n_heads), std::to_string(m.n_heads));

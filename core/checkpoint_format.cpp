@@ -82,10 +82,10 @@ std::string plain_file_name(const json& value, const std::string& what, const st
 
 json model_json(const CheckpointModel& recorded) {
   const ModelConfig& m = recorded.model;
-  json object = {{"family", m.family},         {"n_layers", m.n_layers},
-                 {"d_model", m.d_model},       {"n_heads", m.n_heads},
-                 {"n_kv_heads", m.n_kv_heads}, {"d_ff", m.d_ff},
-                 {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}};
+  json object = {{"family", name_of(m.family)}, {"n_layers", m.n_layers},
+                 {"d_model", m.d_model},        {"n_heads", m.n_heads},
+                 {"n_kv_heads", m.n_kv_heads},  {"d_ff", m.d_ff},
+                 {"vocab_size", m.vocab_size},  {"max_seq_len", m.max_seq_len}};
   if (recorded.rope_theta) object["rope_theta"] = *recorded.rope_theta;
   if (recorded.norm_eps) object["norm_eps"] = *recorded.norm_eps;
   return object;
@@ -96,9 +96,10 @@ CheckpointModel parse_model(const json& object, const std::string& path) {
   CheckpointModel recorded;
   ModelConfig& m = recorded.model;
   const json& family = field(object, "family", path);
-  if (family != "llama" && family != "gpt2")
+  auto known = std::find(kFamilyNames.begin(), kFamilyNames.end(), family);
+  if (known == kFamilyNames.end())
     fail(path, "model.family is " + family.dump() + ", not \"llama\" or \"gpt2\"");
-  m.family = family.get<std::string>();
+  m.family = Family(known - kFamilyNames.begin());
   auto size = [&](const char* key) {
     const json& value = field(object, key, path);
     if (!value.is_number_integer() || value.get<int64_t>() < 1 ||

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <variant>
 
@@ -26,93 +27,262 @@ namespace {
 
 // ---- the table of keys -----------------------------------------------------------------
 
-// One config key and the member it fills. Parsing, overrides, unknown-key suggestions and
-// config_to_yaml all walk this one table.
-using FieldRef = std::variant<int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&),
-                              bool& (*)(Config&), std::string& (*)(Config&)>;
+// The numbers a key accepts: a lower and/or an upper bound, each inclusive or not.
+struct Range {
+  bool has_low = false, has_high = false;
+  double low = 0.0, high = 0.0;
+  bool low_open = false, high_open = false;
+};
 
+Range at_least(double low) {
+  return Range{true, false, low, 0.0, false, false};
+}
+Range above(double low) {
+  return Range{true, false, low, 0.0, true, false};
+}
+Range between(double low, double high, bool low_open = false, bool high_open = false) {
+  return Range{true, true, low, high, low_open, high_open};
+}
+
+// The member a key fills, by type; an enum key reads its YAML spellings (names_of below).
+using FieldRef =
+    std::variant<int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&),
+                 bool& (*)(Config&), std::string& (*)(Config&), Device& (*)(Config&),
+                 Family& (*)(Config&), LrSchedule& (*)(Config&), OnNonfinite& (*)(Config&),
+                 DataSource& (*)(Config&), DataOrder& (*)(Config&), DeviceComm& (*)(Config&),
+                 ProgressThreadSetting& (*)(Config&), ActivationCheckpointing& (*)(Config&),
+                 AttentionKernel& (*)(Config&)>;
+
+// One config key, declared once: parsing, overrides, unknown-key suggestions, range and
+// choice checks, config_to_yaml (--dry-run) and the key tables of docs/configuration.md
+// all come from this table. The default is the member's initializer in core/config.h.
+// Rules between keys are code (check_cross_keys), named in `allowed`.
 struct Field {
   std::string key;  // full dotted key, e.g. "train.checkpoint.dir"
   FieldRef ref;
+  std::optional<Range> range;  // checked by check_ranges
+  std::string allowed;         // the docs' "allowed" beyond the type, choices and range
+  std::string doc;             // the docs' "meaning"
+  std::string resolved;        // what a default of 0 resolves to, e.g. "`n_heads`"
 };
 
 // clang-format off
-#define ULYSSES_FIELD(path) Field{#path, [](Config& c) -> auto& { return c.path; }}
+#define ULYSSES_KEY(path) #path, [](Config& c) -> auto& { return c.path; }
 // clang-format on
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
-      ULYSSES_FIELD(device),
-      ULYSSES_FIELD(model.family),
-      ULYSSES_FIELD(model.n_layers),
-      ULYSSES_FIELD(model.d_model),
-      ULYSSES_FIELD(model.n_heads),
-      ULYSSES_FIELD(model.n_kv_heads),
-      ULYSSES_FIELD(model.d_ff),
-      ULYSSES_FIELD(model.vocab_size),
-      ULYSSES_FIELD(model.max_seq_len),
-      ULYSSES_FIELD(model.rope_theta),
-      ULYSSES_FIELD(model.norm_eps),
-      ULYSSES_FIELD(model.init_from),
-      ULYSSES_FIELD(train.steps),
-      ULYSSES_FIELD(train.batch_size),
-      ULYSSES_FIELD(train.seq_len),
-      ULYSSES_FIELD(train.seq_len_schedule),
-      ULYSSES_FIELD(train.grad_accum),
-      ULYSSES_FIELD(train.lr),
-      ULYSSES_FIELD(train.min_lr),
-      ULYSSES_FIELD(train.warmup_steps),
-      ULYSSES_FIELD(train.schedule),
-      ULYSSES_FIELD(train.weight_decay),
-      ULYSSES_FIELD(train.beta1),
-      ULYSSES_FIELD(train.beta2),
-      ULYSSES_FIELD(train.eps),
-      ULYSSES_FIELD(train.grad_clip),
-      ULYSSES_FIELD(train.seed),
-      ULYSSES_FIELD(train.eval_every),
-      ULYSSES_FIELD(train.eval_steps),
-      ULYSSES_FIELD(train.on_nonfinite),
-      ULYSSES_FIELD(train.max_skipped_steps),
-      ULYSSES_FIELD(train.checkpoint.dir),
-      ULYSSES_FIELD(train.checkpoint.every),
-      ULYSSES_FIELD(train.checkpoint.keep_last),
-      ULYSSES_FIELD(train.checkpoint.overwrite),
-      ULYSSES_FIELD(data.source),
-      ULYSSES_FIELD(data.path),
-      ULYSSES_FIELD(data.val_path),
-      ULYSSES_FIELD(data.val_fraction),
-      ULYSSES_FIELD(data.order),
-      ULYSSES_FIELD(data.n_pairs),
-      ULYSSES_FIELD(data.n_queries),
-      ULYSSES_FIELD(data.n_keys),
-      ULYSSES_FIELD(data.n_values),
-      ULYSSES_FIELD(data.n_filler),
-      ULYSSES_FIELD(data.plant_fraction),
-      ULYSSES_FIELD(parallel.sp),
-      ULYSSES_FIELD(parallel.zero_stage),
-      ULYSSES_FIELD(parallel.head_chunks),
-      ULYSSES_FIELD(parallel.overlap),
-      ULYSSES_FIELD(parallel.bucket_mb),
-      ULYSSES_FIELD(parallel.prefetch),
-      ULYSSES_FIELD(parallel.progress_thread),
-      ULYSSES_FIELD(parallel.device_comm),
-      ULYSSES_FIELD(parallel.timeout_s),
-      ULYSSES_FIELD(memory.activation_checkpointing),
-      ULYSSES_FIELD(memory.tiled_mlp),
-      ULYSSES_FIELD(memory.offload_checkpoints),
-      ULYSSES_FIELD(memory.loss_tile_tokens),
-      ULYSSES_FIELD(memory.limit_gib),
-      ULYSSES_FIELD(kernels.attention),
-      ULYSSES_FIELD(log.every),
-      ULYSSES_FIELD(log.metrics_file),
-      ULYSSES_FIELD(log.trace_file),
-      ULYSSES_FIELD(log.trace_steps),
-      ULYSSES_FIELD(log.verdict_every),
+      {ULYSSES_KEY(device), {}, "", "backend; a build without CUDA refuses `cuda`"},
+
+      {ULYSSES_KEY(model.family),
+       {},
+       "",
+       "llama: RMSNorm, RoPE, SwiGLU, optional GQA; gpt2: LayerNorm, learned positions, GELU, "
+       "biases, tied LM head"},
+      {ULYSSES_KEY(model.n_layers), at_least(1), "", "transformer blocks"},
+      {ULYSSES_KEY(model.d_model), at_least(1), "multiple of `n_heads`", "model width"},
+      {ULYSSES_KEY(model.n_heads), at_least(1), "", "attention (query) heads"},
+      {ULYSSES_KEY(model.n_kv_heads), at_least(0), "divides `n_heads`",
+       "key/value heads (grouped-query attention); gpt2: must equal `n_heads`", "`n_heads`"},
+      {ULYSSES_KEY(model.d_ff), at_least(0), "",
+       "MLP width; 0 = llama: ⌈8/3·d_model⌉ rounded up to a multiple of 32, gpt2: 4·d_model",
+       "family default"},
+      {ULYSSES_KEY(model.vocab_size), at_least(0), "at least what the data needs",
+       "0 = the data source's vocabulary (synthetic: its task size, text: 257); required for "
+       "`tokens`",
+       "data source"},
+      {ULYSSES_KEY(model.max_seq_len), at_least(0), "at least `train.seq_len`",
+       "longest sequence the model supports (gpt2: learned positions)", "`train.seq_len`"},
+      {ULYSSES_KEY(model.rope_theta), above(0), "", "RoPE base (llama)"},
+      {ULYSSES_KEY(model.norm_eps), above(0), "", "epsilon of RMSNorm / LayerNorm"},
+      {ULYSSES_KEY(model.init_from), {}, "path", "pretrained weights to start from"},
+
+      {ULYSSES_KEY(train.steps), at_least(1), "", "optimizer steps"},
+      {ULYSSES_KEY(train.batch_size), at_least(1), "",
+       "sequences per data-parallel rank per micro-step"},
+      {ULYSSES_KEY(train.seq_len), at_least(2), "",
+       "tokens per sequence (split over the `parallel.sp` ranks of a group)"},
+      {ULYSSES_KEY(train.seq_len_schedule),
+       {},
+       "`\"LEN@STEP, ...\"` or `LENxBATCH@STEP`",
+       "a sequence-length curriculum (<a id=\"curriculum\"></a>): e.g. "
+       "`\"256@0, 1024x8@400, 4096x4@500\"` trains at 256 tokens from step 0, at 1024 with 8 "
+       "sequences per rank from step 400 and at 4096 with 4 from step 500. Stages start at step "
+       "0, lengths grow, the last is `train.seq_len`; each length must be divisible by "
+       "`parallel.sp`; a stage without `xBATCH` uses `train.batch_size`. At each change the "
+       "model is rebuilt for the new shape (weights kept, through the host; optimizer moments "
+       "stay), the data reopened, and the log says so. Length and batch are functions of the "
+       "step, so resume is exact; `--dry-run` and `plan` plan the last stage. Empty: "
+       "`train.seq_len` throughout"},
+      {ULYSSES_KEY(train.grad_accum), at_least(1), "", "micro-steps per optimizer step"},
+      {ULYSSES_KEY(train.lr), above(0), "", "peak learning rate"},
+      {ULYSSES_KEY(train.min_lr), at_least(0), "at most `train.lr`",
+       "learning rate at the end of the decay"},
+      {ULYSSES_KEY(train.warmup_steps), at_least(0), "", "linear warmup steps"},
+      {ULYSSES_KEY(train.schedule),
+       {},
+       "",
+       "after the warmup: cosine or linear decay from `lr` to `min_lr` at the last step, or "
+       "`lr` throughout; the rate is a function of the step alone, so resume is exact for each"},
+      {ULYSSES_KEY(train.weight_decay), at_least(0), "", "decoupled AdamW weight decay"},
+      {ULYSSES_KEY(train.beta1), between(0, 1, false, true), "", "AdamW β1"},
+      {ULYSSES_KEY(train.beta2), between(0, 1, false, true), "", "AdamW β2"},
+      {ULYSSES_KEY(train.eps), above(0), "", "AdamW ε"},
+      {ULYSSES_KEY(train.grad_clip), at_least(0), "", "global gradient-norm clip; 0 = off"},
+      {ULYSSES_KEY(train.seed), {}, "0 … 2⁶⁴−1", "seeds initialisation and data order"},
+      {ULYSSES_KEY(train.eval_every), at_least(0), "", "steps between evaluations; 0 = none"},
+      {ULYSSES_KEY(train.eval_steps), at_least(1), "", "batches per evaluation"},
+      {ULYSSES_KEY(train.on_nonfinite),
+       {},
+       "",
+       "a NaN or infinite loss or gradient norm (docs/failures.md): `abort` exits 3 naming the "
+       "step and the first tensor whose gradient is not finite; `skip` drops that step's "
+       "update, logs it and goes on"},
+      {ULYSSES_KEY(train.max_skipped_steps), at_least(1), "",
+       "with `skip`: more non-finite steps than this in a row exit 3"},
+      {ULYSSES_KEY(train.checkpoint.dir), {}, "path", "checkpoint folder; empty = no checkpoints"},
+      {ULYSSES_KEY(train.checkpoint.every), at_least(0), "",
+       "steps between checkpoints; 0 = only at the end"},
+      {ULYSSES_KEY(train.checkpoint.keep_last), at_least(0), "",
+       "checkpoints kept; 0 = all. The newest checkpoint whose loss was finite is always kept "
+       "as well"},
+      {ULYSSES_KEY(train.checkpoint.overwrite),
+       {},
+       "",
+       "a run started without `--resume` refuses (exit 2) a `dir` that already holds "
+       "checkpoints, and a resume from an older step than the newest intact one there; `true` "
+       "lets it start over, deleting the earlier run's checkpoints first (docs/checkpoints.md)"},
+
+      {ULYSSES_KEY(data.source), {}, "", "see [Data sources](#data-sources)"},
+      {ULYSSES_KEY(data.path),
+       {},
+       "file, folder or glob",
+       "text files or token shards; required for `text` and `tokens`"},
+      {ULYSSES_KEY(data.val_path),
+       {},
+       "file, folder or glob",
+       "separate validation data; empty = hold out the tail of `data.path`"},
+      {ULYSSES_KEY(data.val_fraction), between(0, 1, false, true), "",
+       "fraction of the stream held out for validation when `val_path` is empty"},
+      {ULYSSES_KEY(data.order),
+       {},
+       "",
+       "`text`/`tokens`: each epoch in a seeded shuffled order, or sequences 0, 1, 2, … in "
+       "stream order every epoch (as llm.c reads its shards with shuffling off; the seed does "
+       "not matter then); synthetic sequences are generated from their index, so the order "
+       "does not apply"},
+      {ULYSSES_KEY(data.n_pairs), at_least(1), "at most `n_keys`",
+       "synthetic: key-value pairs planted per sequence"},
+      {ULYSSES_KEY(data.n_queries), at_least(1), "at most `n_pairs`",
+       "synthetic: pairs asked for at the end"},
+      {ULYSSES_KEY(data.n_keys), at_least(1), "at least `n_pairs`",
+       "synthetic: distinct key symbols"},
+      {ULYSSES_KEY(data.n_values), at_least(1), "", "synthetic: distinct value symbols"},
+      {ULYSSES_KEY(data.n_filler), at_least(1), "", "synthetic: distinct filler symbols"},
+      {ULYSSES_KEY(data.plant_fraction), between(0, 1, true, false), "",
+       "synthetic: pairs are planted in this first fraction of the sequence"},
+
+      {ULYSSES_KEY(parallel.sp), at_least(1), "divides the world, `n_heads` and `seq_len`",
+       "ranks per sequence-parallel group; the rest of the world is data parallel"},
+      {ULYSSES_KEY(parallel.zero_stage), between(0, 3), "",
+       "state sharded over the whole dp×sp world (docs/memory.md): 0 replicated, gradients "
+       "all-reduced; 1 AdamW moments and fp32 master weights sharded, gradients "
+       "reduce-scattered, weights all-gathered after the update; 2 gradients sharded too (each "
+       "unit reduce-scattered as the backward finishes it); 3 weights sharded too (each unit "
+       "all-gathered when used). Ignored on one rank"},
+      {ULYSSES_KEY(parallel.head_chunks), at_least(1),
+       "divides `n_heads / sp`; stages hold whole kv groups or lie inside one",
+       "UPipe (docs/memory.md): each rank's heads go through projection, all-to-all, attention "
+       "and all-to-all back in this many stages, so the full-sequence q/k/v/out of one stage "
+       "exist at a time and none is kept for the backward, which recomputes them; same results "
+       "(to round-off), more FLOPs and all-to-alls"},
+      {ULYSSES_KEY(parallel.overlap),
+       {},
+       "",
+       "async Ulysses (docs/performance.md): each all-to-all starts as soon as its input exists "
+       "(q's while k and v are projected; dO's during the output projection's weight gradient; "
+       "with head chunks the next stage's exchanges during this stage's attention) and is "
+       "waited for only where its output is needed; same bits either way"},
+      {ULYSSES_KEY(parallel.bucket_mb), above(0), "",
+       "ZeRO unit size (MiB of fp32): consecutive whole layers are merged into one unit while "
+       "they fit; a unit is one reduce-scatter and one all-gather, and stages 2–3 hold one unit "
+       "whole. Embeddings and the tensors after the last layer are units of their own"},
+      {ULYSSES_KEY(parallel.prefetch),
+       {},
+       "",
+       "ZeRO-3 gathers the next unit while this one computes, and ZeRO-2/3 reduce a unit's "
+       "gradient while the next unit computes its backward (docs/profiling.md); costs one more "
+       "unit of gathered weights and of staged gradient per rank. Same results either way"},
+      {ULYSSES_KEY(parallel.progress_thread),
+       {},
+       "",
+       "a thread per rank that keeps MPI's non-blocking collectives moving while compute runs "
+       "(needs `MPI_THREAD_MULTIPLE`); it takes one core from the compute threads. `auto`: "
+       "where a rank has two or more cores; `on` where it cannot work exits 2 "
+       "(docs/profiling.md)"},
+      {ULYSSES_KEY(parallel.device_comm),
+       {},
+       "`nccl` needs `device: cuda`",
+       "how device buffers travel between ranks (docs/cuda.md): `auto` takes NCCL when the "
+       "build has it and every rank of a node has its own GPU, else MPI staged through "
+       "page-locked host memory; `nccl` insists (exit 2 where it cannot work, e.g. two ranks on "
+       "one GPU); `mpi` always stages. No effect with `device: cpu` (MPI moves host memory "
+       "directly)"},
+      {ULYSSES_KEY(parallel.timeout_s), at_least(0), "",
+       "watchdog (docs/failures.md): a rank that waits longer than this in a collective ends "
+       "the whole job with exit 4, naming the rank, step, phase and collective; waits that "
+       "overlap another rank's checkpoint I/O or weight loading get 10× as long; 0 = off"},
+
+      {ULYSSES_KEY(memory.activation_checkpointing),
+       {},
+       "",
+       "`layer`: keep only each block's input (tracked as `checkpoints`) and recompute the "
+       "block's activations right before its backward; same results, activation memory of one "
+       "block instead of all"},
+      {ULYSSES_KEY(memory.tiled_mlp),
+       {},
+       "`false`, `auto`, a tile count ≥ 1",
+       "run the MLP over this many tiles of the rank's rows, forward and backward (the backward "
+       "recomputes each tile's intermediates), so `[rows, d_ff]` never exists whole; `auto` "
+       "makes a tile's intermediates about the size of the layer input (⌈k·d_ff / d_model⌉ "
+       "tiles, k = 3 for the SwiGLU MLP (llama), 2 for GELU (gpt2)). Same results to round-off "
+       "(docs/memory.md)"},
+      {ULYSSES_KEY(memory.offload_checkpoints),
+       {},
+       "`true` needs `activation_checkpointing: layer`",
+       "the layer inputs that layer checkpointing keeps live in host memory (tracked as "
+       "`checkpoints_host`, not counted against `limit_gib`); on the cpu backend they are there "
+       "already, so nothing moves; on cuda they are copied to pinned host memory on a side "
+       "stream as the forward makes them and brought back one layer ahead in backward, two "
+       "staying on the device (docs/memory.md; compiled, not yet run on a GPU)"},
+      {ULYSSES_KEY(memory.loss_tile_tokens), at_least(1), "",
+       "tokens per tile of the fused LM-head + loss (logits never exist for the whole slice)"},
+      {ULYSSES_KEY(memory.limit_gib), at_least(0), "0 (no limit) or 1e-6 … 2³⁰",
+       "cap on tracked memory per rank: an allocation past it fails with an out-of-memory error "
+       "listing the bytes held by category; 0 = unlimited"},
+
+      {ULYSSES_KEY(kernels.attention),
+       {},
+       "`cudnn` needs `device: cuda` and a head dim that is a multiple of 8, at most 128",
+       "attention implementation (docs/cuda.md): the hand-written flash-style kernels, or "
+       "cuDNN's fused engines; head dim = `d_model / n_heads`"},
+
+      {ULYSSES_KEY(log.every), at_least(1), "", "steps between log lines"},
+      {ULYSSES_KEY(log.metrics_file), {}, "path", "JSON-lines metrics file; empty = none"},
+      {ULYSSES_KEY(log.trace_file),
+       {},
+       "path",
+       "Chrome trace-event JSON (Perfetto, chrome://tracing) of every phase on every rank for "
+       "the first `trace_steps` steps; `scripts/plot-trace.py` draws it (docs/profiling.md)"},
+      {ULYSSES_KEY(log.trace_steps), at_least(1), "", "steps the trace covers"},
+      {ULYSSES_KEY(log.verdict_every), at_least(0), "",
+       "steps between verdicts on what bounds the run (communication, compute, memory, "
+       "overhead); 0 = only at the end of the run"},
   };
   return table;
 }
 
-#undef ULYSSES_FIELD
+#undef ULYSSES_KEY
 
 const Field* find_field(const std::string& key) {
   for (const Field& field : fields()) {
@@ -197,16 +367,70 @@ std::string format_double(double value) {
   return std::string(text, result.ptr);
 }
 
+// The YAML spellings of each enum key, in the enum's order.
+const std::vector<std::string>& names_of(Device) {
+  return kDeviceNames;
+}
+const std::vector<std::string>& names_of(Family) {
+  return kFamilyNames;
+}
+const std::vector<std::string>& names_of(LrSchedule) {
+  return kLrScheduleNames;
+}
+const std::vector<std::string>& names_of(OnNonfinite) {
+  return kOnNonfiniteNames;
+}
+const std::vector<std::string>& names_of(DataSource) {
+  return kDataSourceNames;
+}
+const std::vector<std::string>& names_of(DataOrder) {
+  return kDataOrderNames;
+}
+const std::vector<std::string>& names_of(DeviceComm) {
+  return kDeviceCommNames;
+}
+const std::vector<std::string>& names_of(ProgressThreadSetting) {
+  return kProgressThreadSettingNames;
+}
+const std::vector<std::string>& names_of(ActivationCheckpointing) {
+  return kActivationCheckpointingNames;
+}
+const std::vector<std::string>& names_of(AttentionKernel) {
+  return kAttentionKernelNames;
+}
+
+std::string join_choices(const std::vector<std::string>& choices) {
+  std::string text;
+  for (size_t i = 0; i < choices.size(); i++) {
+    if (i > 0) text += i + 1 == choices.size() ? " or " : ", ";
+    text += choices[i];
+  }
+  return text;
+}
+
+// The value as YAML writes it (config_to_yaml, --dry-run, the docs' defaults).
 template <typename T>
-std::string format_value(const T& value) {
+std::string scalar_text(const T& value) {
   if constexpr (std::is_same_v<T, std::string>) {
-    return "'" + value + "'";
+    return value;
+  } else if constexpr (std::is_enum_v<T>) {
+    return name_of(value);
   } else if constexpr (std::is_same_v<T, bool>) {
     return value ? "true" : "false";
   } else if constexpr (std::is_same_v<T, double>) {
     return format_double(value);
   } else {
     return std::to_string(value);
+  }
+}
+
+// The value in a message: strings and choices quoted.
+template <typename T>
+std::string format_value(const T& value) {
+  if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) {
+    return "'" + scalar_text(value) + "'";
+  } else {
+    return scalar_text(value);
   }
 }
 
@@ -308,6 +532,19 @@ std::string convert(const YAML::Node& node, std::string& out) {
     return "";
   }
   return "expected a string, got " + describe_node(node);
+}
+
+// An enum key: one of its spellings, else the message names them all.
+template <typename E>
+requires std::is_enum_v<E> std::string convert(const YAML::Node& node, E& out) {
+  std::string text;
+  std::string problem = convert(node, text);
+  if (!problem.empty()) return problem;
+  const std::vector<std::string>& names = names_of(out);
+  auto found = std::find(names.begin(), names.end(), text);
+  if (found == names.end()) return "'" + text + "' is not allowed; use " + join_choices(names);
+  out = E(found - names.begin());
+  return "";
 }
 
 // ---- reading the tree ------------------------------------------------------------------
@@ -503,15 +740,6 @@ class ConfigReader {
 
 // ---- validation ------------------------------------------------------------------------
 
-std::string join_choices(const std::vector<std::string>& choices) {
-  std::string text;
-  for (size_t i = 0; i < choices.size(); i++) {
-    if (i > 0) text += i + 1 == choices.size() ? " or " : ", ";
-    text += choices[i];
-  }
-  return text;
-}
-
 // Ascending. Pairs d and n / d up to sqrt(n): n may be as large as the int range (a config
 // is checked before its size is), where counting up to n would take seconds and overflow.
 std::vector<std::string> divisors_of(int n) {
@@ -525,106 +753,49 @@ std::vector<std::string> divisors_of(int n) {
   return divisors;
 }
 
-// Range and choice checks that report through the reader, so messages carry locations.
-struct Checks {
-  const ConfigReader& reader;
-  const Config& config;
+// The range as a message ("must be >= 1") and as the docs' "allowed" column ("≥ 1").
+std::string range_rule(const Range& range) {
+  if (range.has_low && range.has_high && !range.low_open && !range.high_open)
+    return "must be between " + format_double(range.low) + " and " + format_double(range.high);
+  std::string rule = "must be";
+  if (range.has_low) rule += (range.low_open ? " > " : " >= ") + format_double(range.low);
+  if (range.has_low && range.has_high) rule += " and";
+  if (range.has_high) rule += (range.high_open ? " < " : " <= ") + format_double(range.high);
+  return rule;
+}
 
-  void choice(const std::string& key, const std::string& value,
-              const std::vector<std::string>& allowed) const {
-    if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
-      reader.fail(key, "'" + value + "' is not allowed; use " + join_choices(allowed));
-    }
-  }
+std::string range_docs(const Range& range) {
+  if (!range.has_high) return (range.low_open ? "> " : "≥ ") + format_double(range.low);
+  if (!range.low_open && !range.high_open)
+    return format_double(range.low) + " … " + format_double(range.high);
+  return (range.low_open ? "(" : "[") + format_double(range.low) + ", " +
+         format_double(range.high) + (range.high_open ? ")" : "]");
+}
 
-  template <typename T>
-  void at_least(const std::string& key, T value, T minimum) const {
-    if (value < minimum) {
-      reader.fail(key, "must be >= " + format_value(minimum) + ", got " + format_value(value));
-    }
-  }
+bool in_range(const Range& range, double value) {
+  if (range.has_low && !(range.low_open ? value > range.low : value >= range.low)) return false;
+  if (range.has_high && !(range.high_open ? value < range.high : value <= range.high)) return false;
+  return true;
+}
 
-  template <typename T>
-  void between(const std::string& key, T value, T low, T high) const {
-    if (value < low || value > high) {
-      reader.fail(key, "must be between " + format_value(low) + " and " + format_value(high) +
-                           ", got " + format_value(value));
-    }
-  }
-
-  void positive(const std::string& key, double value) const {
-    if (!(value > 0.0)) reader.fail(key, "must be > 0, got " + format_double(value));
-  }
-
-  // [0, 1): Adam betas, the validation fraction.
-  void unit_interval(const std::string& key, double value) const {
-    if (!(value >= 0.0 && value < 1.0)) {
-      reader.fail(key, "must be >= 0 and < 1, got " + format_double(value));
-    }
-  }
-
-  std::string show(const std::string& key) const { return reader.show(config, key); }
-};
-
+// The ranges of the key table; a choice was checked as it was read (ConfigReader::fill).
 void check_ranges(const ConfigReader& reader, const Config& c) {
-  Checks check{reader, c};
-  check.choice("device", c.device, {"cpu", "cuda"});
-
-  check.choice("model.family", c.model.family, {"llama", "gpt2"});
-  check.at_least("model.n_layers", c.model.n_layers, 1);
-  check.at_least("model.d_model", c.model.d_model, 1);
-  check.at_least("model.n_heads", c.model.n_heads, 1);
-  check.at_least("model.n_kv_heads", c.model.n_kv_heads, 0);
-  check.at_least("model.d_ff", c.model.d_ff, 0);
-  check.at_least("model.vocab_size", c.model.vocab_size, 0);
-  check.at_least("model.max_seq_len", c.model.max_seq_len, 0);
-  check.positive("model.rope_theta", c.model.rope_theta);
-  check.positive("model.norm_eps", c.model.norm_eps);
-
-  check.at_least("train.steps", c.train.steps, 1);
-  check.at_least("train.batch_size", c.train.batch_size, 1);
-  check.at_least("train.seq_len", c.train.seq_len, 2);
-  check.at_least("train.grad_accum", c.train.grad_accum, 1);
-  check.positive("train.lr", c.train.lr);
-  check.at_least("train.min_lr", c.train.min_lr, 0.0);
-  check.at_least("train.warmup_steps", c.train.warmup_steps, 0);
-  check.at_least("train.weight_decay", c.train.weight_decay, 0.0);
-  check.unit_interval("train.beta1", c.train.beta1);
-  check.unit_interval("train.beta2", c.train.beta2);
-  check.positive("train.eps", c.train.eps);
-  check.at_least("train.grad_clip", c.train.grad_clip, 0.0);
-  check.at_least("train.eval_every", c.train.eval_every, 0);
-  check.at_least("train.eval_steps", c.train.eval_steps, 1);
-  check.choice("train.on_nonfinite", c.train.on_nonfinite, {"abort", "skip"});
-  check.choice("train.schedule", c.train.schedule, {"cosine", "linear", "constant"});
-  check.at_least("train.max_skipped_steps", c.train.max_skipped_steps, 1);
-  check.at_least("train.checkpoint.every", c.train.checkpoint.every, 0);
-  check.at_least("train.checkpoint.keep_last", c.train.checkpoint.keep_last, 0);
-
-  check.choice("data.source", c.data.source, {"synthetic", "text", "tokens"});
-  check.choice("data.order", c.data.order, {"shuffled", "sequential"});
-  check.unit_interval("data.val_fraction", c.data.val_fraction);
-  check.at_least("data.n_pairs", c.data.n_pairs, 1);
-  check.at_least("data.n_queries", c.data.n_queries, 1);
-  check.at_least("data.n_keys", c.data.n_keys, 1);
-  check.at_least("data.n_values", c.data.n_values, 1);
-  check.at_least("data.n_filler", c.data.n_filler, 1);
-  if (!(c.data.plant_fraction > 0.0 && c.data.plant_fraction <= 1.0)) {
-    reader.fail("data.plant_fraction",
-                "must be > 0 and <= 1, got " + format_double(c.data.plant_fraction));
+  Config copy = c;  // the table's accessors take a mutable Config
+  for (const Field& field : fields()) {
+    if (!field.range) continue;
+    std::visit(
+        [&](auto ref) {
+          const auto& value = ref(copy);
+          using T = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double>) {
+            if (!in_range(*field.range, double(value)))
+              reader.fail(field.key, range_rule(*field.range) + ", got " + format_value(value));
+          }
+        },
+        field.ref);
   }
 
-  check.at_least("parallel.sp", c.parallel.sp, 1);
-  check.between("parallel.zero_stage", c.parallel.zero_stage, 0, 3);
-  check.at_least("parallel.head_chunks", c.parallel.head_chunks, 1);
-  check.positive("parallel.bucket_mb", c.parallel.bucket_mb);
-  check.choice("parallel.device_comm", c.parallel.device_comm, {"auto", "nccl", "mpi"});
-  check.at_least("parallel.timeout_s", c.parallel.timeout_s, 0.0);
-  check.choice("parallel.progress_thread", c.parallel.progress_thread, {"auto", "on", "off"});
-
-  check.choice("memory.activation_checkpointing", c.memory.activation_checkpointing,
-               {"none", "layer"});
-  check.at_least("memory.loss_tile_tokens", c.memory.loss_tile_tokens, 1);
+  // Rules of single keys that a range does not say.
   {
     int tiles = 0;
     const std::string& tiled = c.memory.tiled_mlp;
@@ -633,7 +804,6 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
                                           "' is not allowed; use false, auto or a tile "
                                           "count >= 1");
   }
-  check.at_least("memory.limit_gib", c.memory.limit_gib, 0.0);
   // A limit that rounds to a few bytes is a typo for 0 (no limit), and the byte count must
   // fit an int64.
   constexpr double kSmallestLimitGib = 1e-6, kLargestLimitGib = 1024.0 * 1024.0 * 1024.0;
@@ -643,12 +813,6 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
                                         format_double(kLargestLimitGib) + " (1 EiB), got " +
                                         format_double(c.memory.limit_gib));
   }
-
-  check.choice("kernels.attention", c.kernels.attention, {"native", "cudnn"});
-
-  check.at_least("log.every", c.log.every, 1);
-  check.at_least("log.trace_steps", c.log.trace_steps, 1);
-  check.at_least("log.verdict_every", c.log.verdict_every, 0);
 }
 
 // Defaults that depend on other keys.
@@ -659,7 +823,7 @@ void resolve_defaults(const ConfigReader& reader, Config& c) {
     // In 64 bits: d_model is any int here (check_model_size judges the size later).
     const int64_t d_model = m.d_model;
     int64_t d_ff = 4 * d_model;
-    if (m.family == "llama") {
+    if (architecture(m.family).mlp == MlpKind::swiglu) {
       const int64_t eight_thirds = (8 * d_model + 2) / 3;  // ceil(8·d / 3)
       d_ff = (eight_thirds + 31) / 32 * 32;
     }
@@ -672,7 +836,7 @@ void resolve_defaults(const ConfigReader& reader, Config& c) {
   }
   if (m.max_seq_len == 0) m.max_seq_len = c.train.seq_len;
   if (m.vocab_size == 0) {
-    if (c.data.source == "tokens") {
+    if (c.data.source == DataSource::tokens) {
       reader.fail("model.vocab_size", "is required with " + reader.show(c, "data.source") +
                                           ": token shards do not say their vocabulary; set "
                                           "it to the tokenizer's vocabulary size");
@@ -710,32 +874,31 @@ void check_model_size(const ConfigReader& reader, const Config& c) {
 }
 
 void check_cross_keys(const ConfigReader& reader, const Config& c) {
-  Checks check{reader, c};
+  auto show = [&](const std::string& key) { return reader.show(c, key); };
   const ModelConfig& m = c.model;
 
   if (c.train.min_lr > c.train.lr) {
-    reader.fail("train.min_lr", format_double(c.train.min_lr) + " is above " +
-                                    check.show("train.lr") +
+    reader.fail("train.min_lr", format_double(c.train.min_lr) + " is above " + show("train.lr") +
                                     "; the schedule decays from lr down to min_lr");
   }
   if (m.d_model % m.n_heads != 0) {
     reader.fail("model.d_model", std::to_string(m.d_model) + " is not divisible by " +
-                                     check.show("model.n_heads") + "; heads split d_model evenly");
+                                     show("model.n_heads") + "; heads split d_model evenly");
   }
   if (m.n_kv_heads > m.n_heads || m.n_heads % m.n_kv_heads != 0) {
     reader.fail("model.n_kv_heads",
-                std::to_string(m.n_kv_heads) + " does not divide " + check.show("model.n_heads") +
+                std::to_string(m.n_kv_heads) + " does not divide " + show("model.n_heads") +
                     "; each kv head serves a whole group of query heads; n_kv_heads can be " +
                     join_choices(divisors_of(m.n_heads)));
   }
-  if (m.family == "llama" && m.head_dim() % 2 != 0) {
+  if (architecture(m.family).positions == PositionKind::rope && m.head_dim() % 2 != 0) {
     reader.fail("model.d_model", "head_dim = d_model / n_heads = " + std::to_string(m.head_dim()) +
-                                     " is odd (" + check.show("model.n_heads") +
+                                     " is odd (" + show("model.n_heads") +
                                      "); RoPE rotates pairs of dimensions and needs it even");
   }
-  if (m.family == "gpt2" && m.n_kv_heads != m.n_heads) {
+  if (!architecture(m.family).grouped_query && m.n_kv_heads != m.n_heads) {
     reader.fail("model.n_kv_heads", std::to_string(m.n_kv_heads) + " differs from " +
-                                        check.show("model.n_heads") +
+                                        show("model.n_heads") +
                                         "; model.family gpt2 has no grouped-query attention");
   }
   std::vector<SeqLenStage> stages;
@@ -749,21 +912,21 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   if (!schedule_problem.empty()) reader.fail("train.seq_len_schedule", schedule_problem);
   if (c.train.seq_len > m.max_seq_len) {
     reader.fail("train.seq_len",
-                std::to_string(c.train.seq_len) + " is above " + check.show("model.max_seq_len"));
+                std::to_string(c.train.seq_len) + " is above " + show("model.max_seq_len"));
   }
-  if ((c.data.source == "text" || c.data.source == "tokens") && c.data.path.empty()) {
-    reader.fail("data.path", "is required with " + check.show("data.source") +
-                                 ": give a file, a folder or a glob");
+  if (c.data.source != DataSource::synthetic && c.data.path.empty()) {
+    reader.fail("data.path",
+                "is required with " + show("data.source") + ": give a file, a folder or a glob");
   }
-  if (c.data.source == "synthetic") {
+  if (c.data.source == DataSource::synthetic) {
     if (c.data.n_queries > c.data.n_pairs) {
       reader.fail("data.n_queries", std::to_string(c.data.n_queries) + " is above " +
-                                        check.show("data.n_pairs") +
+                                        show("data.n_pairs") +
                                         "; each query asks for a different planted pair");
     }
     if (c.data.n_keys < c.data.n_pairs) {
       reader.fail("data.n_keys", std::to_string(c.data.n_keys) + " is below " +
-                                     check.show("data.n_pairs") + "; planted keys are distinct");
+                                     show("data.n_pairs") + "; planted keys are distinct");
     }
     int64_t needed = synthetic_min_seq_len(c.data);
     if (!stages.empty() && stages.front().seq_len < needed) {
@@ -776,23 +939,23 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
       reader.fail("train.seq_len",
                   std::to_string(c.train.seq_len) +
                       " is too short for the synthetic task: BOS + 3 tokens for each of " +
-                      check.show("data.n_pairs") + " and " + check.show("data.n_queries") +
-                      " needs " + std::to_string(needed));
+                      show("data.n_pairs") + " and " + show("data.n_queries") + " needs " +
+                      std::to_string(needed));
     }
   }
   int needed_vocab = default_vocab_size(c.data);
   if (m.vocab_size < needed_vocab) {
     reader.fail("model.vocab_size", std::to_string(m.vocab_size) + " is below the " +
                                         std::to_string(needed_vocab) + " tokens data.source " +
-                                        c.data.source + " needs");
+                                        name_of(c.data.source) + " needs");
   }
-  if (c.parallel.device_comm == "nccl" && c.device != "cuda") {
-    reader.fail("parallel.device_comm", "nccl needs device: cuda, but " + check.show("device"));
+  if (c.parallel.device_comm == DeviceComm::nccl && c.device != Device::cuda) {
+    reader.fail("parallel.device_comm", "nccl needs device: cuda, but " + show("device"));
   }
-  if (c.kernels.attention == "cudnn" && c.device != "cuda") {
-    reader.fail("kernels.attention", "cudnn needs device: cuda, but " + check.show("device"));
+  if (c.kernels.attention == AttentionKernel::cudnn && c.device != Device::cuda) {
+    reader.fail("kernels.attention", "cudnn needs device: cuda, but " + show("device"));
   }
-  if (c.kernels.attention == "cudnn" && m.n_heads > 0) {
+  if (c.kernels.attention == AttentionKernel::cudnn && m.n_heads > 0) {
     const int head_dim = m.d_model / m.n_heads;
     if (head_dim % 8 != 0 || head_dim > 128)
       reader.fail("kernels.attention",
@@ -804,10 +967,11 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
 
-  if (c.memory.offload_checkpoints && c.memory.activation_checkpointing != "layer")
+  if (c.memory.offload_checkpoints &&
+      c.memory.activation_checkpointing != ActivationCheckpointing::layer)
     reader.fail("memory.offload_checkpoints",
                 "offloads the layer inputs that layer checkpointing keeps, but " +
-                    check.show("memory.activation_checkpointing"));
+                    show("memory.activation_checkpointing"));
 }
 
 // ---- YAML output -----------------------------------------------------------------------
@@ -821,20 +985,28 @@ std::vector<std::string> split_key(const std::string& key) {
 }
 
 std::string scalar_text(Config& config, const Field& field) {
-  return std::visit(
-      [&](auto ref) -> std::string {
-        const auto& value = ref(config);
-        using T = std::decay_t<decltype(value)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          return value;
-        } else {
-          return format_value(value);
-        }
-      },
-      field.ref);
+  return std::visit([&](auto ref) { return scalar_text(ref(config)); }, field.ref);
 }
 
 }  // namespace
+
+const Architecture& architecture(Family family) {
+  static const Architecture kLlama = {NormKind::rms,         MlpKind::swiglu,
+                                      PositionKind::rope,
+                                      /*biases=*/false,      /*tied_head=*/false,
+                                      /*grouped_query=*/true};
+  static const Architecture kGpt2 = {NormKind::layer,        MlpKind::gelu,
+                                     PositionKind::learned,
+                                     /*biases=*/true,        /*tied_head=*/true,
+                                     /*grouped_query=*/false};
+  switch (family) {
+    case Family::llama:
+      return kLlama;
+    case Family::gpt2:
+      return kGpt2;
+  }
+  throw std::logic_error("model family " + std::to_string(int(family)) + " has no architecture");
+}
 
 Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
                     const std::string& source_name) {
@@ -952,6 +1124,46 @@ std::vector<std::string> config_key_values(const Config& config) {
   std::vector<std::string> lines;
   for (const Field& field : fields()) lines.push_back(field.key + "=" + scalar_text(copy, field));
   return lines;
+}
+
+std::string config_reference_markdown() {
+  Config defaults;
+  std::string text, section = "-";
+  for (const Field& field : fields()) {
+    const size_t dot = field.key.find('.');
+    const std::string top = dot == std::string::npos ? "" : field.key.substr(0, dot);
+    if (top != section) {
+      if (!text.empty()) text += "\n";
+      text += top.empty() ? "### Top level\n" : "### `" + top + "`\n";
+      text += "\n| key | default | allowed | meaning |\n| --- | --- | --- | --- |\n";
+      section = top;
+    }
+    const std::string value = scalar_text(defaults, field);
+    std::string default_cell = "`" + (value.empty() ? "\"\"" : value) + "`";
+    if (!field.resolved.empty()) default_cell += " → " + field.resolved;
+    // What the type says (the choices of an enum or a bool), then the range, then the rest.
+    std::vector<std::string> allowed;
+    std::visit(
+        [&](auto ref) {
+          using T = std::decay_t<decltype(ref(defaults))>;
+          std::vector<std::string> choices;
+          if constexpr (std::is_enum_v<T>) choices = names_of(T());
+          if constexpr (std::is_same_v<T, bool>) choices = {"true", "false"};
+          std::string list;
+          for (const std::string& choice : choices)
+            list += (list.empty() ? "`" : ", `") + choice + "`";
+          if (!list.empty()) allowed.push_back(list);
+        },
+        field.ref);
+    if (field.range) allowed.push_back(range_docs(*field.range));
+    if (!field.allowed.empty()) allowed.push_back(field.allowed);
+    std::string allowed_cell;
+    for (const std::string& part : allowed)
+      allowed_cell += (allowed_cell.empty() ? "" : "; ") + part;
+    text += "| `" + field.key + "` | " + default_cell + " | " + allowed_cell + " | " + field.doc +
+            " |\n";
+  }
+  return text;
 }
 
 std::string config_to_yaml(const Config& config) {

@@ -17,8 +17,75 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Options with a fixed set of values are enums, parsed once by the config loader. Each has
+// its YAML spellings in the enum's order (name_of); messages, logs and --dry-run use them.
+enum class Device { cpu, cuda };
+inline const std::vector<std::string> kDeviceNames = {"cpu", "cuda"};
+inline const std::string& name_of(Device value) {
+  return kDeviceNames[size_t(value)];
+}
+
+enum class Family { llama, gpt2 };
+inline const std::vector<std::string> kFamilyNames = {"llama", "gpt2"};
+inline const std::string& name_of(Family value) {
+  return kFamilyNames[size_t(value)];
+}
+
+enum class LrSchedule { cosine, linear, constant };
+inline const std::vector<std::string> kLrScheduleNames = {"cosine", "linear", "constant"};
+inline const std::string& name_of(LrSchedule value) {
+  return kLrScheduleNames[size_t(value)];
+}
+
+enum class OnNonfinite { abort, skip };
+inline const std::vector<std::string> kOnNonfiniteNames = {"abort", "skip"};
+inline const std::string& name_of(OnNonfinite value) {
+  return kOnNonfiniteNames[size_t(value)];
+}
+
+enum class DeviceComm { automatic, nccl, mpi };
+inline const std::vector<std::string> kDeviceCommNames = {"auto", "nccl", "mpi"};
+inline const std::string& name_of(DeviceComm value) {
+  return kDeviceCommNames[size_t(value)];
+}
+
+// Named apart from ProgressThread, the thread itself (parallel/progress_thread.h).
+enum class ProgressThreadSetting { automatic, on, off };
+inline const std::vector<std::string> kProgressThreadSettingNames = {"auto", "on", "off"};
+inline const std::string& name_of(ProgressThreadSetting value) {
+  return kProgressThreadSettingNames[size_t(value)];
+}
+
+enum class ActivationCheckpointing { none, layer };
+inline const std::vector<std::string> kActivationCheckpointingNames = {"none", "layer"};
+inline const std::string& name_of(ActivationCheckpointing value) {
+  return kActivationCheckpointingNames[size_t(value)];
+}
+
+enum class AttentionKernel { native, cudnn };
+inline const std::vector<std::string> kAttentionKernelNames = {"native", "cudnn"};
+inline const std::string& name_of(AttentionKernel value) {
+  return kAttentionKernelNames[size_t(value)];
+}
+
+// What the model code branches on: a family is one row of the table in core/config.cpp
+// (architecture()), so adding a family is that row plus its kernels and parameter names
+// (docs/design.md).
+enum class NormKind { rms, layer };         // RMSNorm, or LayerNorm with a bias
+enum class MlpKind { swiglu, gelu };        // down(SiLU(gate)·up), or proj(GELU(fc))
+enum class PositionKind { rope, learned };  // rotary q and k, or a learned position embedding
+struct Architecture {
+  NormKind norm;
+  MlpKind mlp;
+  PositionKind positions;
+  bool biases;         // every linear layer has a bias
+  bool tied_head;      // the LM head is the token embedding
+  bool grouped_query;  // n_kv_heads may be below n_heads
+};
+const Architecture& architecture(Family family);
+
 struct ModelConfig {
-  std::string family = "llama";  // llama | gpt2
+  Family family = Family::llama;
   int n_layers = 2;
   int d_model = 64;
   int n_heads = 4;
@@ -52,7 +119,7 @@ struct TrainConfig {
   double min_lr = 0.0;
   int warmup_steps = 0;
   // After the warmup: cosine or linear decay to min_lr at the last step, or constant lr.
-  std::string schedule = "cosine";  // cosine | linear | constant
+  LrSchedule schedule = LrSchedule::cosine;
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -63,7 +130,7 @@ struct TrainConfig {
   int eval_steps = 4;  // batches per eval
   // A NaN or infinite loss or gradient norm: abort (exit 3) or skip the update, up to
   // max_skipped_steps in a row (docs/failures.md).
-  std::string on_nonfinite = "abort";  // abort | skip
+  OnNonfinite on_nonfinite = OnNonfinite::abort;
   int max_skipped_steps = 8;
   CheckpointConfig checkpoint;
 };
@@ -78,16 +145,16 @@ struct ParallelConfig {
   // gradient while the next one computes its backward (one more unit of memory each).
   bool prefetch = true;
   // How device buffers travel between ranks (cuda): auto | nccl | mpi (staged through the host).
-  std::string device_comm = "auto";
+  DeviceComm device_comm = DeviceComm::automatic;
   // A thread per rank that drives MPI's progress while compute runs: auto (when a rank has
   // two or more cores), on, off. It takes one of the rank's cores from the compute threads.
-  std::string progress_thread = "auto";
+  ProgressThreadSetting progress_thread = ProgressThreadSetting::automatic;
   // Watchdog: a rank that waits longer than this in a collective ends the job (0 = off).
   double timeout_s = 600.0;
 };
 
 struct MemoryConfig {
-  std::string activation_checkpointing = "none";  // none | layer
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
   // The MLP over tiles of this rank's rows, so [R, d_ff] never exists whole: false, auto
   // (a tile's intermediates about the size of the layer input) or a tile count.
   std::string tiled_mlp = "false";
@@ -98,7 +165,7 @@ struct MemoryConfig {
 };
 
 struct KernelsConfig {
-  std::string attention = "native";  // native | cudnn
+  AttentionKernel attention = AttentionKernel::native;
 };
 
 struct LogConfig {
@@ -112,7 +179,7 @@ struct LogConfig {
 };
 
 struct Config {
-  std::string device = "cpu";  // cpu | cuda
+  Device device = Device::cpu;
   ModelConfig model;
   TrainConfig train;
   DataConfig data;
@@ -145,6 +212,11 @@ long double approximate_parameter_count(const ModelConfig& model);
 // Checks that depend on the number of ranks (world % sp, heads % sp, GQA, seq_len % sp);
 // the message names the numbers and what would work.
 void validate_for_world(const Config& config, int world_size);
+
+// The key tables of docs/configuration.md ("### Top level" to the last row of `log`), made
+// from the key table: default, allowed values and meaning of every key. Printed by
+// `ulysses-train config-reference`; tests/test_config_docs.cpp compares it with the docs.
+std::string config_reference_markdown();
 
 // The resolved config as YAML, for --dry-run and the run log.
 std::string config_to_yaml(const Config& config);

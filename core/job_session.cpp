@@ -23,17 +23,18 @@ int cores_per_rank(Comm& world) {
 // parallel.progress_thread: auto runs one where a rank has a core to spare for it (a local
 // choice: it changes when collectives advance, never what they compute). Returns whether it
 // runs; "on" where it cannot is refused on every rank.
-bool start_progress_thread(Comm& world, const std::string& setting, int cores) {
+bool start_progress_thread(Comm& world, ProgressThreadSetting setting, int cores) {
   auto* mpi = dynamic_cast<MpiComm*>(&world);
   const bool possible = world.size() > 1 && mpi && mpi_thread_multiple();
   std::string error;
-  if (setting == "on" && !possible)
+  if (setting == ProgressThreadSetting::on && !possible)
     error = world.size() == 1 ? "parallel.progress_thread: on, but the job has one rank: "
                                 "nothing travels between ranks; use auto or off"
                               : "parallel.progress_thread: on, but this MPI library did not "
                                 "grant MPI_THREAD_MULTIPLE; use auto or off";
   agree_on_failure(world, error, ExitCode::bad_input);
-  const bool start = possible && (setting == "on" || (setting == "auto" && cores >= 2));
+  const bool start = possible && (setting == ProgressThreadSetting::on ||
+                                  (setting == ProgressThreadSetting::automatic && cores >= 2));
   if (start) mpi->start_progress_thread();
   return start;
 }
@@ -98,8 +99,9 @@ JobSession open_job(const std::string& config_path, const std::vector<std::strin
 
   std::string device_error;
   try {
-    job.backend = make_backend(job.config.device, memory_limit_bytes(job.config),
-                               job.config.kernels.attention);
+    // The kernels take the choices by their YAML spelling (kernels/backend.h).
+    job.backend = make_backend(name_of(job.config.device), memory_limit_bytes(job.config),
+                               name_of(job.config.kernels.attention));
   } catch (const DeviceUnavailableError& error) {
     device_error = error.what();
   }
@@ -114,8 +116,9 @@ void connect_job(JobSession& job, Comm& world) {
 
   // MPI carries host buffers; device buffers travel over NCCL or are staged through the host.
   Comm* compute_world = &world;
-  if (job.config.device == "cuda") {
-    const DeviceCommChoice choice = agree_device_comm(world, job.config.parallel.device_comm);
+  if (job.config.device == Device::cuda) {
+    const DeviceCommChoice choice =
+        agree_device_comm(world, name_of(job.config.parallel.device_comm));
     job.device_world = make_device_world(world, *job.backend, choice);
     compute_world = job.device_world.get();
     if (world.rank() == 0)

@@ -54,7 +54,9 @@ Block::Block(const ModelConfig& model, const MemoryConfig& memory, bool overlap,
       overlap_(overlap),
       backend_(backend),
       attention_(attention),
-      llama_(model.family == "llama") {}
+      swiglu_(architecture(model.family).mlp == MlpKind::swiglu),
+      rms_norm_(architecture(model.family).norm == NormKind::rms),
+      rope_(architecture(model.family).positions == PositionKind::rope) {}
 
 double Block::qkv_flops(int64_t rows) const {
   const double width =
@@ -63,7 +65,7 @@ double Block::qkv_flops(int64_t rows) const {
 }
 
 double Block::mlp_flops(int64_t rows) const {
-  const int matrices = llama_ ? 3 : 2;
+  const int matrices = swiglu_ ? 3 : 2;
   return 2.0 * matrices * double(rows) * double(model_config_.d_model) * double(model_config_.d_ff);
 }
 
@@ -104,11 +106,11 @@ BlockActivations Block::allocate_activations(const BlockShape& shape) const {
     auto mlp = [&](const char* what) {
       return backend_.alloc(MemCategory::mlp, dt, {rows, F}, what);
     };
-    acts.ff_a = mlp(llama_ ? "mlp gate" : "mlp fc");
-    if (llama_) acts.ff_b = mlp("mlp up");
+    acts.ff_a = mlp(swiglu_ ? "mlp gate" : "mlp fc");
+    if (swiglu_) acts.ff_b = mlp("mlp up");
     acts.ff_out = mlp("mlp activation");
   }
-  if (!llama_) {
+  if (!rms_norm_) {
     acts.mean1 = stat("attention norm mean");
     acts.mean2 = stat("mlp norm mean");
   }
@@ -139,8 +141,8 @@ BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
   s.dff_a = mlp("d mlp a");
   s.dff_b = mlp("d mlp b");
   if (tiles > 1) {
-    s.tile_a = mlp(llama_ ? "mlp gate (tile)" : "mlp fc (tile)");
-    if (llama_) s.tile_b = mlp("mlp up (tile)");
+    s.tile_a = mlp(swiglu_ ? "mlp gate (tile)" : "mlp fc (tile)");
+    if (swiglu_) s.tile_b = mlp("mlp up (tile)");
     s.tile_out = mlp("mlp activation (tile)");
   }
   return s;
@@ -148,7 +150,7 @@ BlockScratch Block::allocate_scratch(const BlockShape& shape) const {
 
 void Block::norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                          const Tensor& weight, const Tensor& bias) const {
-  if (llama_) {
+  if (rms_norm_) {
     backend_.rmsnorm_forward(out, rstd, x, weight, float(model_config_.norm_eps));
   } else {
     backend_.layernorm_forward(out, mean, rstd, x, weight, bias, float(model_config_.norm_eps));
@@ -158,7 +160,7 @@ void Block::norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rs
 void Block::norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                           const Tensor& dout, const Tensor& x, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) const {
-  if (llama_) {
+  if (rms_norm_) {
     backend_.rmsnorm_backward(dx, dweight, dout, x, weight, rstd);
   } else {
     backend_.layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd);
@@ -178,7 +180,7 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
   norm_forward(acts.norm1, acts.mean1, acts.rstd1, x, w[R::attn_norm_weight], w[R::attn_norm_bias]);
   if (staged()) {
     staged_attention_forward(backend_, attention_,
-                             {qkv, shape, acts.norm1, llama_ ? theta : 0.0f, overlap_},
+                             {qkv, shape, acts.norm1, rope_ ? theta : 0.0f, overlap_},
                              acts.attn_out, acts.attention.lse);
   } else if (overlap_) {
     // Async Ulysses: each projection's all-to-all travels while the next one computes.
@@ -196,9 +198,9 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
       linear_forward(backend_, out.reshape({rows, heads * d}), acts.norm1, weight, bias);
       if (rope) backend_.rope(out, shape.pos_offset, theta, false);
     };
-    project(q, H, qkv.wq, qkv.bq, llama_);
+    project(q, H, qkv.wq, qkv.bq, rope_);
     HeadExchange q_exchange = attention_.start_input(q, Input::q, acts.attention);
-    project(k, Hkv, qkv.wk, qkv.bk, llama_);
+    project(k, Hkv, qkv.wk, qkv.bk, rope_);
     HeadExchange k_exchange = attention_.start_input(k, Input::k, acts.attention);
     project(v, Hkv, qkv.wv, qkv.bv, false);
     HeadExchange v_exchange = attention_.start_input(v, Input::v, acts.attention);
@@ -217,7 +219,7 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
       linear_forward(backend_, k.reshape({rows, Hkv * d}), acts.norm1, qkv.wk, qkv.bk);
       linear_forward(backend_, v.reshape({rows, Hkv * d}), acts.norm1, qkv.wv, qkv.bv);
     }
-    if (llama_) {
+    if (rope_) {
       backend_.rope(q, shape.pos_offset, theta, false);
       backend_.rope(k, shape.pos_offset, theta, false);
     }
@@ -252,7 +254,7 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
 }
 
 void Block::recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const {
-  if (llama_) {
+  if (swiglu_) {
     linear_forward(backend_, mlp.a, in, w[R::gate_weight], {});
     linear_forward(backend_, mlp.b, in, w[R::up_weight], {});
     backend_.swiglu_forward(mlp.out, mlp.a, mlp.b);
@@ -264,7 +266,7 @@ void Block::recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuff
 
 int64_t Block::mlp_tiles(int64_t rows) const {
   return ulysses::mlp_tiles(memory_, rows, model_config_.d_model, model_config_.d_ff,
-                            llama_ ? 3 : 2);
+                            swiglu_ ? 3 : 2);
 }
 
 Block::MlpBuffers Block::scratch_tile(const BlockScratch& s, int64_t rows) const {
@@ -286,11 +288,11 @@ void Block::mlp_forward(const LayerTensors& w, const Tensor& in, const Tensor& o
 void Block::mlp_backward(const LayerTensors& w, const LayerTensors& g, const Tensor& in,
                          const MlpBuffers& mlp, const Tensor& dout, const Tensor& din,
                          const Tensor& d_a, const Tensor& d_b) const {
-  // The down projection's input gradient goes to d_b (llama) or d_a (gpt2).
-  const Tensor& d_act = llama_ ? d_b : d_a;
+  // The down projection's input gradient goes to d_b (SwiGLU) or d_a (GELU).
+  const Tensor& d_act = swiglu_ ? d_b : d_a;
   linear_backward(backend_, d_act, false, g[R::down_weight], g[R::down_bias], dout, mlp.out,
                   w[R::down_weight]);
-  if (llama_) {
+  if (swiglu_) {
     backend_.swiglu_backward(d_a, d_b, d_b, mlp.a, mlp.b);
     linear_backward(backend_, din, false, g[R::gate_weight], {}, d_a, in, w[R::gate_weight]);
     linear_backward(backend_, din, true, g[R::up_weight], {}, d_b, in, w[R::up_weight]);
@@ -377,8 +379,8 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
       linear_backward(backend_, s.dnorm, accumulate, dweight, dbias, dx.reshape({rows, heads * d}),
                       acts.norm1, weight);
     };
-    project_backward(dq_exchange, dq, H, false, dqkv.wq, dqkv.bq, qkv.wq, llama_);
-    project_backward(dk_exchange, dk, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, llama_);
+    project_backward(dq_exchange, dq, H, false, dqkv.wq, dqkv.bq, qkv.wq, rope_);
+    project_backward(dk_exchange, dk, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, rope_);
     project_backward(dv_exchange, dv, Hkv, true, dqkv.wv, dqkv.bv, qkv.wv, false);
   } else if (staged()) {
     {
@@ -388,7 +390,7 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
                       w[R::o_weight]);
     }
     staged_attention_backward(backend_, attention_,
-                              {qkv, shape, acts.norm1, llama_ ? theta : 0.0f, overlap_}, dqkv,
+                              {qkv, shape, acts.norm1, rope_ ? theta : 0.0f, overlap_}, dqkv,
                               acts.attn_out, acts.attention.lse, dattn, s.dnorm);
   } else {
     {
@@ -398,7 +400,7 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
                       w[R::o_weight]);
     }
     attention_.backward(dattn, acts.attention, dq, dk, dv);
-    if (llama_) {
+    if (rope_) {
       backend_.rope(dq, shape.pos_offset, theta, true);
       backend_.rope(dk, shape.pos_offset, theta, true);
     }

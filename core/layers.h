@@ -111,7 +111,10 @@ class Block {
   bool overlap_;
   Backend& backend_;
   UlyssesAttention& attention_;
-  bool llama_;
+  // The family's architecture features this block branches on (core/config.h).
+  bool swiglu_;    // SwiGLU MLP (gate, up, down), else GELU (fc, proj)
+  bool rms_norm_;  // RMSNorm, else LayerNorm (with a mean and a bias)
+  bool rope_;      // rotary q and k, else positions are learned embeddings (core/model.cpp)
 };
 
 // out[R, O] = in[R, I] · weight[O, I]ᵀ (+ bias[O])

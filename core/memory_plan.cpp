@@ -9,7 +9,8 @@
 namespace ulysses {
 
 MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
-  PlanningBackend backend(backend_kind(config.device), config.kernels.attention, cpu_threads);
+  PlanningBackend backend(backend_kind(name_of(config.device)), name_of(config.kernels.attention),
+                          cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp);
   Trainer trainer(config, backend, planned.mesh);
   MemoryPlan plan;
@@ -40,7 +41,7 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   if (!config.train.seq_len_schedule.empty())
     plan.host_weights_io =
         std::max(plan.host_weights_io, state.layout().shard_numel() * int64_t(sizeof(float)));
-  if (config.device == "cuda")
+  if (config.device == Device::cuda)
     for (const Comm* comm : comms)
       plan.host_staging =
           std::max(plan.host_staging, static_cast<const PlanningComm*>(comm)->largest_call_bytes());

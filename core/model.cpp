@@ -31,7 +31,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
       attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
                  config.model.head_dim(), config.parallel.head_chunks),
       block_(config.model, config.memory, config.parallel.overlap, backend, attention_),
-      recompute_(config.memory.activation_checkpointing == "layer"),
+      recompute_(config.memory.activation_checkpointing == ActivationCheckpointing::layer),
       offload_moves_(recompute_ && config.memory.offload_checkpoints &&
                      backend.host_memory_is_separate()) {
   const int64_t rows = batch * seq_local, C = model_config_.d_model;
@@ -59,7 +59,7 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
   final_norm_out_ =
       backend.alloc(MemCategory::activations, backend.compute_dtype(), {rows, C}, "final norm");
   final_rstd_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm rstd");
-  if (model_config_.family == "gpt2")
+  if (architecture(model_config_.family).norm == NormKind::layer)
     final_mean_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm mean");
   scratch_ = block_.allocate_scratch(shape_);
   dresidual_ =
@@ -173,7 +173,7 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
 void Model::final_norm_forward() {
   const Tensor& x = block_input(model_config_.n_layers).tensor();
   const float eps = float(model_config_.norm_eps);
-  if (model_config_.family == "llama") {
+  if (architecture(model_config_.family).norm == NormKind::rms) {
     backend_.rmsnorm_forward(final_norm_out_, final_rstd_, x, weight(R::final_norm_weight), eps);
   } else {
     backend_.layernorm_forward(final_norm_out_, final_mean_, final_rstd_, x,
@@ -184,7 +184,7 @@ void Model::final_norm_forward() {
 void Model::final_norm_backward(const Tensor& dhidden) {
   const Tensor& x = block_input(model_config_.n_layers).tensor();
   backend_.fill_zero(dresidual_);
-  if (model_config_.family == "llama") {
+  if (architecture(model_config_.family).norm == NormKind::rms) {
     backend_.rmsnorm_backward(dresidual_, gradient(R::final_norm_weight), dhidden, x,
                               weight(R::final_norm_weight), final_rstd_);
   } else {

@@ -8,11 +8,12 @@ namespace ulysses {
 double learning_rate(const TrainConfig& train, int64_t step) {
   if (step < train.warmup_steps) return train.lr * double(step + 1) / double(train.warmup_steps);
   int64_t decay_steps = int64_t(train.steps) - train.warmup_steps;
-  if (train.schedule == "constant" || decay_steps <= 1) return train.lr;
+  if (train.schedule == LrSchedule::constant || decay_steps <= 1) return train.lr;
   double progress = double(step - train.warmup_steps) / double(decay_steps - 1);
   if (progress > 1.0) progress = 1.0;
-  const double remaining =
-      train.schedule == "linear" ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
+  const double remaining = train.schedule == LrSchedule::linear
+                               ? 1.0 - progress
+                               : 0.5 * (1.0 + std::cos(M_PI * progress));
   return train.min_lr + (train.lr - train.min_lr) * remaining;
 }
 

@@ -9,8 +9,50 @@ namespace {
 
 constexpr int kRoles = int(ParamRole::count);
 
-std::string layer_name(const std::string& prefix, int layer, const std::string& suffix) {
-  return prefix + std::to_string(layer) + "." + suffix;
+// The tensor names of a family's weight files (Hugging Face Llama's, GPT-2's): a layer's
+// tensor is layer_prefix + layer + "." + stem + ".weight" or ".bias". Which tensors exist
+// follows the architecture (core/config.h); q, k and v are one stacked tensor in GPT-2.
+struct ParamNames {
+  std::string token_embedding, position_embedding, layer_prefix;
+  std::string attn_norm;
+  bool fused_qkv = false;  // one tensor named qkv, else q, k and v
+  std::string q, k, v, qkv, o;
+  std::string mlp_norm, gate, up, down;
+  std::string final_norm, lm_head;
+};
+
+const ParamNames& param_names(Family family) {
+  static const ParamNames kLlama = {.token_embedding = "model.embed_tokens.weight",
+                                    .layer_prefix = "model.layers.",
+                                    .attn_norm = "input_layernorm",
+                                    .q = "self_attn.q_proj",
+                                    .k = "self_attn.k_proj",
+                                    .v = "self_attn.v_proj",
+                                    .o = "self_attn.o_proj",
+                                    .mlp_norm = "post_attention_layernorm",
+                                    .gate = "mlp.gate_proj",
+                                    .up = "mlp.up_proj",
+                                    .down = "mlp.down_proj",
+                                    .final_norm = "model.norm",
+                                    .lm_head = "lm_head.weight"};
+  static const ParamNames kGpt2 = {.token_embedding = "transformer.wte.weight",
+                                   .position_embedding = "transformer.wpe.weight",
+                                   .layer_prefix = "transformer.h.",
+                                   .attn_norm = "ln_1",
+                                   .fused_qkv = true,
+                                   .qkv = "attn.c_attn",
+                                   .o = "attn.c_proj",
+                                   .mlp_norm = "ln_2",
+                                   .up = "mlp.c_fc",
+                                   .down = "mlp.c_proj",
+                                   .final_norm = "transformer.ln_f"};
+  switch (family) {
+    case Family::llama:
+      return kLlama;
+    case Family::gpt2:
+      return kGpt2;
+  }
+  throw std::logic_error("model family " + std::to_string(int(family)) + " has no tensor names");
 }
 
 }  // namespace
@@ -24,49 +66,44 @@ ParamTable::ParamTable(const ModelConfig& model)
   using Init = ParamSpec::Init;
   using R = ParamRole;
 
-  if (model.family == "llama") {
-    add(R::token_embedding, -1, "model.embed_tokens.weight", {V, C}, Init::normal);
-    for (int i = 0; i < model.n_layers; ++i) {
-      const std::string p = "model.layers.";
-      add(R::attn_norm_weight, i, layer_name(p, i, "input_layernorm.weight"), {C}, Init::ones);
-      add(R::q_weight, i, layer_name(p, i, "self_attn.q_proj.weight"), {q_width, C}, Init::normal);
-      add(R::k_weight, i, layer_name(p, i, "self_attn.k_proj.weight"), {kv_width, C}, Init::normal);
-      add(R::v_weight, i, layer_name(p, i, "self_attn.v_proj.weight"), {kv_width, C}, Init::normal);
-      add(R::o_weight, i, layer_name(p, i, "self_attn.o_proj.weight"), {C, q_width},
-          Init::residual_normal);
-      add(R::mlp_norm_weight, i, layer_name(p, i, "post_attention_layernorm.weight"), {C},
-          Init::ones);
-      add(R::gate_weight, i, layer_name(p, i, "mlp.gate_proj.weight"), {F, C}, Init::normal);
-      add(R::up_weight, i, layer_name(p, i, "mlp.up_proj.weight"), {F, C}, Init::normal);
-      add(R::down_weight, i, layer_name(p, i, "mlp.down_proj.weight"), {C, F},
-          Init::residual_normal);
-    }
-    add(R::final_norm_weight, -1, "model.norm.weight", {C}, Init::ones);
-    add(R::lm_head, -1, "lm_head.weight", {V, C}, Init::normal);
-  } else if (model.family == "gpt2") {
-    add(R::token_embedding, -1, "transformer.wte.weight", {V, C}, Init::normal);
-    add(R::position_embedding, -1, "transformer.wpe.weight", {int64_t(model.max_seq_len), C},
+  const Architecture& arch = architecture(model.family);
+  const ParamNames& names = param_names(model.family);
+  const bool norm_bias = arch.norm == NormKind::layer;
+  // Each tensor in the order of the family's weight files, which fixes the flat layout that
+  // checkpoints and ZeRO shards store (docs/checkpoints.md).
+  add(R::token_embedding, -1, names.token_embedding, {V, C}, Init::normal);
+  if (arch.positions == PositionKind::learned)
+    add(R::position_embedding, -1, names.position_embedding, {int64_t(model.max_seq_len), C},
         Init::normal);
-    for (int i = 0; i < model.n_layers; ++i) {
-      const std::string p = "transformer.h.";
-      add(R::attn_norm_weight, i, layer_name(p, i, "ln_1.weight"), {C}, Init::ones);
-      add(R::attn_norm_bias, i, layer_name(p, i, "ln_1.bias"), {C}, Init::zeros);
-      add(R::qkv_weight, i, layer_name(p, i, "attn.c_attn.weight"), {3 * C, C}, Init::normal);
-      add(R::qkv_bias, i, layer_name(p, i, "attn.c_attn.bias"), {3 * C}, Init::zeros);
-      add(R::o_weight, i, layer_name(p, i, "attn.c_proj.weight"), {C, C}, Init::residual_normal);
-      add(R::o_bias, i, layer_name(p, i, "attn.c_proj.bias"), {C}, Init::zeros);
-      add(R::mlp_norm_weight, i, layer_name(p, i, "ln_2.weight"), {C}, Init::ones);
-      add(R::mlp_norm_bias, i, layer_name(p, i, "ln_2.bias"), {C}, Init::zeros);
-      add(R::up_weight, i, layer_name(p, i, "mlp.c_fc.weight"), {F, C}, Init::normal);
-      add(R::up_bias, i, layer_name(p, i, "mlp.c_fc.bias"), {F}, Init::zeros);
-      add(R::down_weight, i, layer_name(p, i, "mlp.c_proj.weight"), {C, F}, Init::residual_normal);
-      add(R::down_bias, i, layer_name(p, i, "mlp.c_proj.bias"), {C}, Init::zeros);
+  for (int i = 0; i < model.n_layers; ++i) {
+    auto name = [&](const std::string& stem, const char* kind) {
+      return names.layer_prefix + std::to_string(i) + "." + stem + "." + kind;
+    };
+    add(R::attn_norm_weight, i, name(names.attn_norm, "weight"), {C}, Init::ones);
+    if (norm_bias) add(R::attn_norm_bias, i, name(names.attn_norm, "bias"), {C}, Init::zeros);
+    if (names.fused_qkv) {
+      // Stacked by rows; a fused family has no grouped-query attention, so each is C wide.
+      add(R::qkv_weight, i, name(names.qkv, "weight"), {3 * C, C}, Init::normal);
+      if (arch.biases) add(R::qkv_bias, i, name(names.qkv, "bias"), {3 * C}, Init::zeros);
+    } else {
+      add(R::q_weight, i, name(names.q, "weight"), {q_width, C}, Init::normal);
+      add(R::k_weight, i, name(names.k, "weight"), {kv_width, C}, Init::normal);
+      add(R::v_weight, i, name(names.v, "weight"), {kv_width, C}, Init::normal);
     }
-    add(R::final_norm_weight, -1, "transformer.ln_f.weight", {C}, Init::ones);
-    add(R::final_norm_bias, -1, "transformer.ln_f.bias", {C}, Init::zeros);
-  } else {
-    throw std::invalid_argument("unknown model family '" + model.family + "'");
+    add(R::o_weight, i, name(names.o, "weight"), {C, q_width}, Init::residual_normal);
+    if (arch.biases) add(R::o_bias, i, name(names.o, "bias"), {C}, Init::zeros);
+    add(R::mlp_norm_weight, i, name(names.mlp_norm, "weight"), {C}, Init::ones);
+    if (norm_bias) add(R::mlp_norm_bias, i, name(names.mlp_norm, "bias"), {C}, Init::zeros);
+    if (arch.mlp == MlpKind::swiglu)
+      add(R::gate_weight, i, name(names.gate, "weight"), {F, C}, Init::normal);
+    add(R::up_weight, i, name(names.up, "weight"), {F, C}, Init::normal);
+    if (arch.biases) add(R::up_bias, i, name(names.up, "bias"), {F}, Init::zeros);
+    add(R::down_weight, i, name(names.down, "weight"), {C, F}, Init::residual_normal);
+    if (arch.biases) add(R::down_bias, i, name(names.down, "bias"), {C}, Init::zeros);
   }
+  add(R::final_norm_weight, -1, names.final_norm + ".weight", {C}, Init::ones);
+  if (norm_bias) add(R::final_norm_bias, -1, names.final_norm + ".bias", {C}, Init::zeros);
+  if (!arch.tied_head) add(R::lm_head, -1, names.lm_head, {V, C}, Init::normal);
 }
 
 void ParamTable::add(ParamRole role, int layer, std::string name, std::vector<int64_t> shape,

@@ -16,7 +16,7 @@ std::string row(const std::string& name, const std::string& first, const std::st
 
 std::string options_of(const Config& config) {
   return "ZeRO " + std::to_string(config.parallel.zero_stage) + ", checkpointing " +
-         config.memory.activation_checkpointing + ", head_chunks " +
+         name_of(config.memory.activation_checkpointing) + ", head_chunks " +
          std::to_string(config.parallel.head_chunks) + ", tiled_mlp " + config.memory.tiled_mlp +
          ", offload " + (config.memory.offload_checkpoints ? "true" : "false");
 }
@@ -56,8 +56,8 @@ void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarge
     out << "  cannot plan: " << point.verdict << "\n";
     return;
   }
-  out << "  as configured (" << options_of(point.config) << "), device " << point.config.device
-      << ", " << point.plan.num_params << " parameters:\n";
+  out << "  as configured (" << options_of(point.config) << "), device "
+      << name_of(point.config.device) << ", " << point.plan.num_params << " parameters:\n";
   print_memory_plan(out, point.plan);
   const int64_t margin = target.budget_bytes - point.plan.device_peak;
   out << "  " << (point.fits ? "FITS" : "DOES NOT FIT") << ": peak "

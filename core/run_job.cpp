@@ -27,15 +27,15 @@ namespace {
 void print_plan(const Config& config, int world_size) {
   const MemoryPlan plan = plan_memory(config, world_size, 1);
   std::cout << "# resolved config\n" << config_to_yaml(config) << "\n";
-  std::cout << "# model: " << config.model.family << ", " << plan.num_params << " parameters ("
-            << format_bytes(plan.num_params * 4) << " in fp32)\n";
+  std::cout << "# model: " << name_of(config.model.family) << ", " << plan.num_params
+            << " parameters (" << format_bytes(plan.num_params * 4) << " in fp32)\n";
   std::cout << "# world " << world_size << " = dp " << world_size / config.parallel.sp << " x sp "
             << config.parallel.sp << "; each rank holds " << config.train.batch_size << " x "
             << config.train.seq_len / config.parallel.sp << " tokens per micro-step\n";
   std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units << " units (largest "
             << plan.largest_unit << " parameters, bucket_mb " << config.parallel.bucket_mb
             << "); each rank owns " << plan.shard_numel << " parameters of state\n";
-  std::cout << "# planned tracked memory per rank on " << config.device
+  std::cout << "# planned tracked memory per rank on " << name_of(config.device)
             << " (persistent buffers, then the peak of a step; docs/memory.md):\n";
   for (int i = 0; i < kNumMemCategories; ++i)
     std::cout << "#   " << mem_category_name(MemCategory(i)) << ": "
@@ -79,7 +79,7 @@ void run_job(const JobOptions& options, Comm& world) {
   if (world.rank() == 0)
     spdlog::info(
         "ulysses-train {}: {} model, world {} = dp {} x sp {}, ZeRO stage {}, device {}, {}",
-        ulysses_version(), config.model.family, world.size(), mesh.dp_size, mesh.sp_size,
+        ulysses_version(), name_of(config.model.family), world.size(), mesh.dp_size, mesh.sp_size,
         world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
         job.progress_thread ? "a progress thread per rank" : "no progress thread");
   const std::string resume_folder =

@@ -41,11 +41,11 @@ std::string join_tokens(const std::vector<int32_t>& tokens) {
 // The prompt's tokens, checked against the model and the data it was trained on.
 std::vector<int32_t> prompt_tokens(const SampleOptions& options, const Config& config) {
   if (!options.prompt.empty()) {
-    if (config.data.source != "text")
+    if (config.data.source != DataSource::text)
       throw bad_input(
           "--prompt is text for byte-level models (data.source: text); data.source "
           "is " +
-          config.data.source + ": give token ids with --prompt-tokens");
+          name_of(config.data.source) + ": give token ids with --prompt-tokens");
     return std::vector<int32_t>(options.prompt.begin(), options.prompt.end());
   }
   for (int32_t token : options.prompt_tokens)
@@ -71,7 +71,7 @@ void continue_prompt(const SampleOptions& options, const Config& config, JobSess
   const std::vector<int32_t> continuation =
       generate(model, context_len, prompt, options.max_new_tokens, sampler);
 
-  const bool text = config.data.source == "text";
+  const bool text = config.data.source == DataSource::text;
   if (options.json) {
     nlohmann::json line = {
         {"weights", weights}, {"prompt_tokens", prompt}, {"new_tokens", continuation}};
@@ -162,7 +162,7 @@ void run_sample(const SampleOptions& options, Comm& world) {
   connect_job(job, world);
   const Config& config = job.config;
   const bool has_prompt = !options.prompt.empty() || !options.prompt_tokens.empty();
-  if (!has_prompt && config.data.source != "synthetic")
+  if (!has_prompt && config.data.source != DataSource::synthetic)
     throw bad_input("give a prompt: --prompt TEXT (data.source: text) or --prompt-tokens 1,2,3");
   if (has_prompt)
     continue_prompt(options, config, job);

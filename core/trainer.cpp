@@ -113,8 +113,8 @@ void Trainer::check_same_data(const Dataset& dataset, const char* split) const {
   mesh_.world->all_reduce_host(range, 2, ReduceOp::max);
   std::string error;
   if (range[0] != -range[1])
-    error = std::string("the ranks see different ") + split + " data (" + config_.data.source +
-            " at data.path '" + config_.data.path + "'): from " +
+    error = std::string("the ranks see different ") + split + " data (" +
+            name_of(config_.data.source) + " at data.path '" + config_.data.path + "'): from " +
             std::to_string(int64_t(-range[1])) + " to " + std::to_string(int64_t(range[0])) +
             " sequences; a file changed while the job started, or the nodes see different files";
   agree_on_failure(*mesh_.world, error, ExitCode::bad_input);
@@ -270,7 +270,7 @@ void Trainer::handle_nonfinite(const StepResult& result) {
                   tensor.empty() ? "every gradient element is finite"
                                  : "the first tensor with a non-finite gradient is " + tensor);
   const bool rank0 = mesh_.world->rank() == 0;
-  if (config_.train.on_nonfinite == "abort")
+  if (config_.train.on_nonfinite == OnNonfinite::abort)
     throw JobError(ExitCode::nonfinite,
                    what + ". Stopping without saving this state (train.on_nonfinite: abort); " +
                        "the checkpoints written so far are intact. Lower train.lr, set " +

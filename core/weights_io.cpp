@@ -161,8 +161,9 @@ bool check_hf_config(const std::string& config_path, const ModelConfig& model) {
 
 void open_hf_llama(const std::string& folder, const ModelConfig& model, const ParamTable& table,
                    PretrainedWeights::Files& files) {
-  if (model.family != "llama")
-    fail(in_quotes(folder) + " is a Hugging Face Llama model, but model.family is " + model.family);
+  if (model.family != Family::llama)
+    fail(in_quotes(folder) + " is a Hugging Face Llama model, but model.family is " +
+         name_of(model.family));
   const bool tied = check_hf_config(folder + "/" + kHfConfigFile, model);
 
   // Either one model.safetensors or shards named by the index's weight_map.
@@ -252,8 +253,9 @@ void open_llmc(const std::string& path, const ModelConfig& model, const ParamTab
   if (header[1] != kLlmcVersionF32)
     fail(in_quotes(path) + ": llm.c checkpoint version " + std::to_string(header[1]) +
          " is not supported; only version 3 (fp32) is (version 5 is llm.c's bf16 format)");
-  if (model.family != "gpt2")
-    fail(in_quotes(path) + " is an llm.c GPT-2 checkpoint, but model.family is " + model.family);
+  if (model.family != Family::gpt2)
+    fail(in_quotes(path) + " is an llm.c GPT-2 checkpoint, but model.family is " +
+         name_of(model.family));
 
   const int64_t vocab = header[3], padded_vocab = header[7];
   require_same(path, "header maxT", header[2], "model.max_seq_len", model.max_seq_len);
@@ -301,8 +303,8 @@ void open_ulysses_checkpoint(const std::string& folder, const ModelConfig& model
   const ModelConfig& m = recorded.model;
   const std::string state_path = folder + "/" + kCheckpointStateFile;
   if (m.family != model.family)
-    fail(in_quotes(state_path) + ": family is " + m.family + " but model.family is " +
-         model.family);
+    fail(in_quotes(state_path) + ": family is " + name_of(m.family) + " but model.family is " +
+         name_of(model.family));
   require_same(state_path, "n_layers", m.n_layers, "model.n_layers", model.n_layers);
   require_same(state_path, "d_model", m.d_model, "model.d_model", model.d_model);
   require_same(state_path, "n_heads", m.n_heads, "model.n_heads", model.n_heads);
@@ -311,7 +313,7 @@ void open_ulysses_checkpoint(const std::string& folder, const ModelConfig& model
   require_same(state_path, "vocab_size", m.vocab_size, "model.vocab_size", model.vocab_size);
   // Learned positions are the only tensor sized by max_seq_len; a llama may be fine-tuned
   // for a longer context than it was trained with.
-  if (model.family == "gpt2")
+  if (architecture(model.family).positions == PositionKind::learned)
     require_same(state_path, "max_seq_len", m.max_seq_len, "model.max_seq_len", model.max_seq_len);
   if (recorded.norm_eps)
     require_same_norm_eps("checkpoint " + in_quotes(folder), "norm_eps", *recorded.norm_eps,

@@ -51,9 +51,9 @@ struct TempFileGuard {
 
 void write_hf_llama(const std::string& folder, const ModelConfig& model, const ParamTable& table,
                     const std::vector<float>& params) {
-  if (model.family != "llama")
+  if (model.family != Family::llama)
     fail("a Hugging Face Llama export needs a llama checkpoint; this one is model.family " +
-         model.family + " (export it with --format llmc)");
+         name_of(model.family) + " (export it with --format llmc)");
   std::error_code error;
   fs::create_directories(folder, error);
   if (error) fail("cannot create the folder " + in_quotes(folder) + ": " + error.message());
@@ -96,9 +96,9 @@ void write_hf_llama(const std::string& folder, const ModelConfig& model, const P
 
 void write_llmc(const std::string& path, const ModelConfig& model, const ParamTable& table,
                 const std::vector<float>& params) {
-  if (model.family != "gpt2")
-    fail("an llm.c export needs a gpt2 checkpoint; this one is model.family " + model.family +
-         " (export it with --format hf-llama)");
+  if (model.family != Family::gpt2)
+    fail("an llm.c export needs a gpt2 checkpoint; this one is model.family " +
+         name_of(model.family) + " (export it with --format hf-llama)");
   if (model.d_ff != 4 * model.d_model)
     fail("llm.c's GPT-2 MLP is 4·d_model = " + std::to_string(4 * model.d_model) +
          " wide; this model has d_ff " + std::to_string(model.d_ff));

@@ -2,17 +2,31 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ulysses {
 
+// The YAML spellings of each enum in its order (name_of), as core/config.h keeps them.
+enum class DataSource { synthetic, text, tokens };
+inline const std::vector<std::string> kDataSourceNames = {"synthetic", "text", "tokens"};
+inline const std::string& name_of(DataSource value) {
+  return kDataSourceNames[size_t(value)];
+}
+
+enum class DataOrder { shuffled, sequential };
+inline const std::vector<std::string> kDataOrderNames = {"shuffled", "sequential"};
+inline const std::string& name_of(DataOrder value) {
+  return kDataOrderNames[size_t(value)];
+}
+
 struct DataConfig {
-  std::string source = "synthetic";  // synthetic | text | tokens
-  std::string path;                  // text: file, folder or glob; tokens: shard glob
-  std::string val_path;              // optional separate validation files
-  double val_fraction = 0.05;        // held-out tail when no val_path is given
+  DataSource source = DataSource::synthetic;
+  std::string path;            // text: file, folder or glob; tokens: shard glob
+  std::string val_path;        // optional separate validation files
+  double val_fraction = 0.05;  // held-out tail when no val_path is given
   // text and tokens: each epoch in a seeded shuffled order, or sequences 0, 1, 2, ... as
   // llm.c's loader reads them with shuffling off (docs/configuration.md#data).
-  std::string order = "shuffled";  // shuffled | sequential
+  DataOrder order = DataOrder::shuffled;
   // synthetic passkey / associative recall
   int n_pairs = 4;               // key-value pairs planted per sequence
   int n_queries = 4;             // pairs asked for at the end

@@ -60,7 +60,7 @@ class PackedDataset : public Dataset {
 std::shared_ptr<TokenStream> load_stream(const DataConfig& data, const std::string& pattern,
                                          const std::string& key, int vocab_size) {
   std::vector<std::string> files = resolve_data_files(pattern, key);
-  if (data.source == "text") {
+  if (data.source == DataSource::text) {
     return std::make_shared<TokenStream>(TokenStream::from_text_files(files));
   }
   return std::make_shared<TokenStream>(TokenStream::from_token_shards(files, vocab_size));
@@ -85,14 +85,14 @@ void check_fits(int64_t tokens, int64_t seq_len, const std::string& split,
 std::unique_ptr<Dataset> make_packed_dataset(const DataConfig& data, Split split, int64_t seq_len,
                                              int vocab_size, uint64_t seed) {
   if (seq_len < 1) throw DataError("sequence length must be >= 1, got " + std::to_string(seq_len));
-  if (data.source == "text" && vocab_size < kTextVocabSize) {
+  if (data.source == DataSource::text && vocab_size < kTextVocabSize) {
     throw DataError("model.vocab_size = " + std::to_string(vocab_size) +
                     " is too small for data.source text, which needs " +
                     std::to_string(kTextVocabSize) + " (256 bytes + end-of-document)");
   }
   // "order" in ASCII: keeps the shuffle's stream apart from other uses of the seed.
   uint64_t order_seed = hash_words(seed, split == Split::train ? 1 : 2, 0x6f72646572ull);
-  const bool shuffled = data.order != "sequential";
+  const bool shuffled = data.order != DataOrder::sequential;
 
   if (split == Split::val && !data.val_path.empty()) {
     auto stream = load_stream(data, data.val_path, "data.val_path", vocab_size);

@@ -190,10 +190,10 @@ TEST(Config, LoadsAFileAndNamesItInErrors) {
 TEST(Config, EmptyConfigGivesTheDefaults) {
   Config config = parse_config("", {}, "empty.yaml");
   Config defaults;
-  EXPECT_EQ(config.device, "cpu");
+  EXPECT_EQ(name_of(config.device), "cpu");
   EXPECT_EQ(config.train.steps, defaults.train.steps);
   EXPECT_EQ(config.train.lr, defaults.train.lr);
-  EXPECT_EQ(config.data.source, "synthetic");
+  EXPECT_EQ(name_of(config.data.source), "synthetic");
   EXPECT_EQ(config.parallel.sp, 1);
 }
 
@@ -205,7 +205,7 @@ TEST(Config, OverridesAreParsedAsYamlAndWinOverTheFile) {
                    "config.yaml");
   EXPECT_DOUBLE_EQ(config.train.lr, 1e-3);
   EXPECT_EQ(config.train.steps, 10);
-  EXPECT_EQ(config.data.source, "text");
+  EXPECT_EQ(name_of(config.data.source), "text");
   EXPECT_EQ(config.data.path, "corpus/*.txt");
   EXPECT_DOUBLE_EQ(config.parallel.bucket_mb, 8.0);
   EXPECT_EQ(config.train.checkpoint.dir, "ckpt");
@@ -326,7 +326,7 @@ log:
   EXPECT_EQ(config_to_yaml(back), resolved);
 
   EXPECT_EQ(back.device, c.device);
-  EXPECT_EQ(back.model.family, "llama");
+  EXPECT_EQ(name_of(back.model.family), "llama");
   EXPECT_EQ(back.model.n_layers, 3);
   EXPECT_EQ(back.model.d_model, 128);
   EXPECT_EQ(back.model.n_heads, 8);
@@ -354,7 +354,7 @@ log:
   EXPECT_EQ(back.train.checkpoint.dir, "runs/ckpt: one");
   EXPECT_EQ(back.train.checkpoint.every, 25);
   EXPECT_EQ(back.train.checkpoint.keep_last, 2);
-  EXPECT_EQ(back.data.source, "text");
+  EXPECT_EQ(name_of(back.data.source), "text");
   EXPECT_EQ(back.data.path, "corpus/*.txt");
   EXPECT_EQ(back.data.val_path, "");
   EXPECT_EQ(back.data.val_fraction, 0.1);
@@ -363,11 +363,11 @@ log:
   EXPECT_EQ(back.parallel.head_chunks, 1);
   EXPECT_FALSE(back.parallel.overlap);
   EXPECT_EQ(back.parallel.bucket_mb, 12.5);
-  EXPECT_EQ(back.memory.activation_checkpointing, "none");
+  EXPECT_EQ(name_of(back.memory.activation_checkpointing), "none");
   EXPECT_EQ(back.memory.tiled_mlp, "false");
   EXPECT_EQ(back.memory.loss_tile_tokens, 128);
   EXPECT_EQ(back.memory.limit_gib, 1.5);
-  EXPECT_EQ(back.kernels.attention, "native");
+  EXPECT_EQ(name_of(back.kernels.attention), "native");
   EXPECT_EQ(back.log.every, 5);
   EXPECT_EQ(back.log.metrics_file, "metrics.jsonl");
   EXPECT_EQ(back.log.trace_file, "trace.json");
@@ -467,11 +467,44 @@ TEST(Config, ASecondYamlDocumentIsRefusedNotIgnored) {
 
 TEST(Config, ReliabilityKeysHaveSafeDefaults) {
   Config config = parse_config("", {}, "c.yaml");
-  EXPECT_EQ(config.train.on_nonfinite, "abort");
+  EXPECT_EQ(name_of(config.train.on_nonfinite), "abort");
   EXPECT_EQ(config.train.max_skipped_steps, 8);
   EXPECT_FALSE(config.train.checkpoint.overwrite);
   EXPECT_EQ(config.parallel.timeout_s, 600.0);
   EXPECT_EQ(parse_config("parallel:\n  timeout_s: 0\n", {}, "c.yaml").parallel.timeout_s, 0.0);
+}
+
+// Each spelling of a fixed-choice key is read into its enum and printed back as given (the
+// YAML of --dry-run and checkpoints), with the other keys its rules between keys need.
+TEST(Config, EveryChoiceReadsAndPrintsBackItsSpelling) {
+  struct Choices {
+    std::string key;
+    std::vector<std::string> names;
+    std::vector<std::string> needs;
+  };
+  const std::vector<std::string> cuda = {"device=cuda", "model.d_model=256"};
+  const std::vector<Choices> keys = {
+      {"device", kDeviceNames, {}},
+      {"model.family", kFamilyNames, {}},
+      {"train.schedule", kLrScheduleNames, {}},
+      {"train.on_nonfinite", kOnNonfiniteNames, {}},
+      {"data.source", kDataSourceNames, {"data.path=corpus/", "model.vocab_size=300"}},
+      {"data.order", kDataOrderNames, {}},
+      {"parallel.device_comm", kDeviceCommNames, cuda},
+      {"parallel.progress_thread", kProgressThreadSettingNames, {}},
+      {"memory.activation_checkpointing", kActivationCheckpointingNames, {}},
+      {"kernels.attention", kAttentionKernelNames, cuda},
+  };
+  for (const Choices& choices : keys) {
+    for (const std::string& name : choices.names) {
+      std::vector<std::string> overrides = choices.needs;
+      overrides.push_back(choices.key + "=" + name);
+      const std::vector<std::string> lines =
+          config_key_values(parse_config("", overrides, "c.yaml"));
+      EXPECT_TRUE(std::find(lines.begin(), lines.end(), choices.key + "=" + name) != lines.end())
+          << choices.key << "=" << name;
+    }
+  }
 }
 
 TEST(Config, KeyValuesListEveryResolvedKeyOnce) {

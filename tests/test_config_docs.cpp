@@ -1,6 +1,7 @@
 // docs/configuration.md and the config's key table agree: every key the loader accepts has a
 // row in the docs with its default, every documented key exists, and each documented default
-// is the value an empty config resolves to before defaults that depend on other keys.
+// is the value an empty config resolves to before defaults that depend on other keys; and
+// the key tables in the docs are exactly what the table generates (config_reference_markdown).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,6 +14,13 @@
 
 namespace ulysses {
 namespace {
+
+std::string docs_text() {
+  std::ifstream docs(std::string(ULYSSES_SOURCE_DIR) + "/docs/configuration.md");
+  std::stringstream text;
+  text << docs.rdbuf();
+  return text.str();
+}
 
 // key -> the first `...` of the default column, from rows "| `key` | `default` ... |".
 std::map<std::string, std::string> documented_defaults() {
@@ -63,6 +71,18 @@ TEST(ConfigDocs, EveryKeyIsDocumentedWithItsDefaultAndNoOther) {
   for (const auto& [key, value] : documented)
     ADD_FAILURE() << "docs/configuration.md documents " << key
                   << ", which the config does not have";
+}
+
+TEST(ConfigDocs, KeyTablesAreTheOnesTheKeyTableGenerates) {
+  const std::string docs = docs_text();
+  const size_t begin = docs.find("### Top level");
+  const size_t end = docs.find("<a id=\"logs\"></a>");
+  ASSERT_NE(begin, std::string::npos) << "docs/configuration.md has no '### Top level'";
+  ASSERT_NE(end, std::string::npos) << "docs/configuration.md has no <a id=\"logs\"></a>";
+  ASSERT_LT(begin, end);
+  EXPECT_EQ(docs.substr(begin, end - begin), config_reference_markdown() + "\n")
+      << "the key tables of docs/configuration.md differ from the config's key table "
+         "(core/config.cpp); replace them with the output of `ulysses-train config-reference`";
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ std::string data_error_message(Fn&& fn) {
 
 DataConfig synthetic_config() {
   DataConfig data;
-  data.source = "synthetic";
+  data.source = DataSource::synthetic;
   return data;
 }
 
@@ -208,7 +208,7 @@ TEST(SyntheticData, ShortestSequenceIsValid) {
 
 DataConfig text_config(const std::string& path, double val_fraction) {
   DataConfig data;
-  data.source = "text";
+  data.source = DataSource::text;
   data.path = path;
   data.val_fraction = val_fraction;
   return data;
@@ -374,7 +374,7 @@ TEST(TextData, SequentialOrderReadsSequencesInTheirPlaceEveryEpoch) {
   for (int i = 0; i < 64 * 20; i++) text += char('a' + (i / 64) % 26);
   write_text_file(dir.file("c.txt"), text);
   DataConfig data = text_config(dir.file("c.txt"), 0.0);
-  data.order = "sequential";
+  data.order = DataOrder::sequential;
   auto dataset = make_dataset(data, Split::train, 64, 257, 4);
   const int64_t n = dataset->num_sequences();
   ASSERT_EQ(n, 20);
@@ -409,7 +409,7 @@ TEST(TextData, TooSmallCorpusNamesTheSizes) {
 
 DataConfig tokens_config(const std::string& path) {
   DataConfig data;
-  data.source = "tokens";
+  data.source = DataSource::tokens;
   data.path = path;
   data.val_fraction = 0.0;
   return data;
@@ -506,7 +506,7 @@ TEST(TextData, FileThatGrowsDuringTheRunIsAnError) {
   const std::string path = dir.file("a.txt");
   write_text_file(path, std::string(4000, 'x'));
   DataConfig config;
-  config.source = "text";
+  config.source = DataSource::text;
   config.path = path;
   auto dataset = make_dataset(config, Split::train, 64, 257, 1);
   std::vector<int32_t> inputs(64), targets(64);

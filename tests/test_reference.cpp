@@ -91,11 +91,11 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
   const double our_loss = loss.loss_sum / double(loss.count);
 
   TempDir dir;
-  nlohmann::json config_json = {{"family", m.family},         {"n_layers", m.n_layers},
-                                {"d_model", m.d_model},       {"n_heads", m.n_heads},
-                                {"n_kv_heads", m.n_kv_heads}, {"d_ff", m.d_ff},
-                                {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len},
-                                {"rope_theta", m.rope_theta}, {"norm_eps", m.norm_eps}};
+  nlohmann::json config_json = {{"family", name_of(m.family)}, {"n_layers", m.n_layers},
+                                {"d_model", m.d_model},        {"n_heads", m.n_heads},
+                                {"n_kv_heads", m.n_kv_heads},  {"d_ff", m.d_ff},
+                                {"vocab_size", m.vocab_size},  {"max_seq_len", m.max_seq_len},
+                                {"rope_theta", m.rope_theta},  {"norm_eps", m.norm_eps}};
   testing::write_text_file(dir.file("config.json"), config_json.dump());
   testing::write_text_file(dir.file("batch.json"),
                            nlohmann::json{{"inputs", inputs}, {"targets", targets}}.dump());

@@ -93,7 +93,7 @@ TEST(Trainer, EvaluationReportsLossAndAccuracy) {
 
 TEST(Trainer, LogitsForTheWholeSliceAreNeverAllocated) {
   Config config = tiny_config("llama");
-  config.data.source = "synthetic";
+  config.data.source = DataSource::synthetic;
   config.model.vocab_size = 4096;  // big vocabulary, few answer tokens
   config.memory.loss_tile_tokens = 16;
   TrainerRun run(config);
@@ -129,7 +129,7 @@ TEST(Trainer, LayerCheckpointingGivesBitIdenticalTraining) {
   for (const char* family : {"llama", "gpt2"}) {
     Config plain = tiny_config(family);
     Config recomputed = plain;
-    recomputed.memory.activation_checkpointing = "layer";
+    recomputed.memory.activation_checkpointing = ActivationCheckpointing::layer;
     TrainerRun a(plain), b(recomputed);
     for (int step = 0; step < 3; ++step)
       EXPECT_EQ(a.trainer->train_step().loss, b.trainer->train_step().loss) << family;
@@ -144,7 +144,7 @@ TEST(Trainer, LayerCheckpointingKeepsOneBlockOfActivations) {
   struct Peaks {
     int64_t activations, attention, checkpoints;
   };
-  auto peaks = [](int layers, const std::string& checkpointing) {
+  auto peaks = [](int layers, ActivationCheckpointing checkpointing) {
     Config config = tiny_config("llama");
     config.model.n_layers = layers;
     config.memory.activation_checkpointing = checkpointing;
@@ -158,12 +158,14 @@ TEST(Trainer, LayerCheckpointingKeepsOneBlockOfActivations) {
   Config config = tiny_config("llama");
   const int64_t block_input_bytes =
       int64_t(config.train.batch_size) * config.train.seq_len * config.model.d_model * 4;
-  Peaks two = peaks(2, "layer"), four = peaks(4, "layer");
+  Peaks two = peaks(2, ActivationCheckpointing::layer),
+        four = peaks(4, ActivationCheckpointing::layer);
   EXPECT_EQ(four.activations, two.activations);
   EXPECT_EQ(four.attention, two.attention);
   EXPECT_EQ(four.checkpoints - two.checkpoints, 2 * block_input_bytes);
   // Without checkpointing every block keeps its activations.
-  Peaks plain_two = peaks(2, "none"), plain_four = peaks(4, "none");
+  Peaks plain_two = peaks(2, ActivationCheckpointing::none),
+        plain_four = peaks(4, ActivationCheckpointing::none);
   EXPECT_GT(plain_four.activations - plain_two.activations, 2 * block_input_bytes);
   EXPECT_EQ(plain_four.checkpoints, 0);
 }
@@ -179,12 +181,12 @@ TEST(Schedule, WarmupThenCosineLinearOrConstant) {
   EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1.0);
   EXPECT_NEAR(learning_rate(train, 109), 0.1, 1e-12);
   EXPECT_NEAR(learning_rate(train, 10 + 99 / 2.0), 0.55, 1e-2);
-  train.schedule = "linear";
+  train.schedule = LrSchedule::linear;
   EXPECT_DOUBLE_EQ(learning_rate(train, 9), 1.0);
   EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1.0);
   EXPECT_NEAR(learning_rate(train, 10 + 33), 1.0 - 0.9 * 33.0 / 99.0, 1e-12);
   EXPECT_NEAR(learning_rate(train, 109), 0.1, 1e-12);
-  train.schedule = "constant";
+  train.schedule = LrSchedule::constant;
   EXPECT_DOUBLE_EQ(learning_rate(train, 0), 0.1);
   EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1.0);
   EXPECT_DOUBLE_EQ(learning_rate(train, 109), 1.0);

@@ -22,7 +22,7 @@ namespace {
 
 ModelConfig small_llama() {
   ModelConfig model;
-  model.family = "llama";
+  model.family = Family::llama;
   model.n_layers = 2;
   model.d_model = 16;
   model.n_heads = 4;

@@ -312,7 +312,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, HfReference, ::testing::Values("", "--shards 2
 
 ModelConfig small_llama() {
   ModelConfig m;
-  m.family = "llama";
+  m.family = Family::llama;
   m.n_layers = 2;
   m.d_model = 16;
   m.n_heads = 4;
@@ -416,7 +416,7 @@ TEST_F(HfFolder, ConfigMismatchNamesFileKeyAndBothValues) {
   EXPECT_EQ(load_error(folder(), model_), "");
 
   ModelConfig gpt2 = model_;
-  gpt2.family = "gpt2";
+  gpt2.family = Family::gpt2;
   gpt2.n_kv_heads = 4;
   EXPECT_MENTIONS(load_error(folder(), gpt2), "model.family is gpt2");
 }
@@ -478,7 +478,7 @@ TEST_F(HfFolder, MissingShardOrWeightsFileIsNamed) {
 
 ModelConfig small_gpt2() {
   ModelConfig m;
-  m.family = "gpt2";
+  m.family = Family::gpt2;
   m.n_layers = 2;
   m.d_model = 16;
   m.n_heads = 4;

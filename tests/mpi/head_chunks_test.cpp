@@ -33,7 +33,8 @@ std::map<std::string, double> per_tensor_difference(const testing::TrainingOutco
 TEST_F(HeadChunks, EveryStageCountGivesTheLossesAndGradientsOfOneStage) {
   int compared = 0;
   for (const std::string family : {"llama", "gpt2"}) {
-    for (const std::string checkpointing : {"none", "layer"}) {
+    for (const ActivationCheckpointing checkpointing :
+         {ActivationCheckpointing::none, ActivationCheckpointing::layer}) {
       for (int sp : {world().size(), 1}) {
         Config config = testing::tiny_training_config(family, 2, sp, 2);
         config.model.n_heads = 8;  // head dim 4
@@ -46,8 +47,8 @@ TEST_F(HeadChunks, EveryStageCountGivesTheLossesAndGradientsOfOneStage) {
           config.parallel.head_chunks = chunks;
           const testing::TrainingOutcome staged = testing::train_for(config, world(), 1);
           const testing::TrainingOutcome staged_longer = testing::train_for(config, world(), 3);
-          const std::string where = family + " " + checkpointing + " sp " + std::to_string(sp) +
-                                    " head_chunks " + std::to_string(chunks);
+          const std::string where = family + " " + name_of(checkpointing) + " sp " +
+                                    std::to_string(sp) + " head_chunks " + std::to_string(chunks);
           for (size_t i = 0; i < one_longer.losses.size(); ++i)
             EXPECT_NEAR(staged_longer.losses[i], one_longer.losses[i],
                         1e-6 * std::abs(one_longer.losses[i]))

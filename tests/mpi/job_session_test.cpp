@@ -53,7 +53,7 @@ TEST_F(JobSessionTest, PlansWithoutABackendWhenAsked) {
   // device: cuda on a machine without a GPU: no backend is made, so nothing fails.
   JobSession job = open_job(path, {"device=cuda"}, "plan", world(), false);
   EXPECT_EQ(job.backend, nullptr);
-  EXPECT_EQ(job.config.device, "cuda");
+  EXPECT_EQ(name_of(job.config.device), "cuda");
 }
 
 TEST_F(JobSessionTest, ABadConfigEndsTheJobOnEveryRankWithStatusTwo) {

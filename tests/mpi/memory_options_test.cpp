@@ -51,7 +51,7 @@ Config wide_config(const std::string& family, int kv_heads, int layers, int sp) 
   config.train.seq_len = 256;
   config.model.max_seq_len = 256;
   config.train.grad_accum = 1;
-  config.memory.activation_checkpointing = "layer";
+  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
   return config;
 }
 

@@ -30,7 +30,8 @@ TEST_F(Overlap, GivesTheSameBitsAsWaitingForEachAllToAll) {
   const int sp = world().size();
   for (const std::string family : {"llama", "gpt2"}) {
     for (int chunks : {1, 2}) {
-      for (const std::string checkpointing : {"none", "layer"}) {
+      for (const ActivationCheckpointing checkpointing :
+           {ActivationCheckpointing::none, ActivationCheckpointing::layer}) {
         Config config = overlap_config(family, sp);
         config.parallel.head_chunks = chunks;
         config.memory.activation_checkpointing = checkpointing;
@@ -38,7 +39,7 @@ TEST_F(Overlap, GivesTheSameBitsAsWaitingForEachAllToAll) {
         config.parallel.overlap = true;
         const testing::TrainingOutcome overlapping = testing::train_for(config, world(), 5);
         const std::string where =
-            family + " head_chunks " + std::to_string(chunks) + " " + checkpointing;
+            family + " head_chunks " + std::to_string(chunks) + " " + name_of(checkpointing);
         EXPECT_EQ(overlapping.losses, waiting.losses) << where;
         EXPECT_EQ(overlapping.grad_norms, waiting.grad_norms) << where;
         EXPECT_TRUE(overlapping.params == waiting.params) << where << ": weights differ";

@@ -80,7 +80,8 @@ TEST_F(Schedule, EveryStageAndSpGivesTheRecordedBitsAfterFiveSteps) {
   for (const std::string family : {"llama", "gpt2"}) {
     for (int sp : {1, 2, 4}) {
       for (int stage = 0; stage <= 3; ++stage) {
-        for (const std::string checkpointing : {"none", "layer"}) {
+        for (const ActivationCheckpointing checkpointing :
+             {ActivationCheckpointing::none, ActivationCheckpointing::layer}) {
           Config config = testing::tiny_training_config(family, 2, sp, 2);
           if (family == "gpt2") config.model.n_kv_heads = config.model.n_heads;
           config.parallel.zero_stage = stage;
@@ -88,7 +89,7 @@ TEST_F(Schedule, EveryStageAndSpGivesTheRecordedBitsAfterFiveSteps) {
           config.memory.activation_checkpointing = checkpointing;
           const std::string line = outcome_line(testing::train_for(config, world(), 5));
           const std::string key = family + " sp" + std::to_string(sp) + " zero" +
-                                  std::to_string(stage) + " " + checkpointing;
+                                  std::to_string(stage) + " " + name_of(checkpointing);
           recorded << key << ": " << line << "\n";
           if (record) continue;
           auto expected = golden.find(key);

@@ -37,7 +37,7 @@ TEST_P(StagedTraining, SpTwoOnOneDeviceMatchesOneRank) {
   backend->set_num_threads(1);
   Config distributed = testing::tiny_training_config("llama", 2, 2, 2);
   Config single = testing::tiny_training_config("llama", 2, 1, 2);
-  distributed.device = single.device = GetParam();
+  distributed.device = single.device = GetParam() == "cuda" ? Device::cuda : Device::cpu;
 
   StagedComm alone(make_local_comm(), *backend);
   const testing::TrainingOutcome reference = testing::train_on(*backend, single, alone, 3);

@@ -101,7 +101,7 @@ TEST_F(TrainerEquivalence, LayerCheckpointingUnderSequenceParallelism) {
   for (const char* family : {"llama", "gpt2"}) {
     Config plain = tiny_training_config(family, 4, sp, 2);
     Config recomputed = plain;
-    recomputed.memory.activation_checkpointing = "layer";
+    recomputed.memory.activation_checkpointing = ActivationCheckpointing::layer;
     Outcome a = train_for(plain, world(), 3), b = train_for(recomputed, world(), 3);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << family << " step " << i + 1;
     EXPECT_EQ(a.params, b.params) << family;

@@ -29,7 +29,7 @@ constexpr double kOneLayerPerUnit = 1e-6;
 
 struct Setup {
   int sp;
-  std::string checkpointing;
+  ActivationCheckpointing checkpointing;
   double bucket_mb;
 };
 
@@ -61,8 +61,8 @@ void expect_stage_matches(const std::string& family, int stage, const Setup& set
   const TrainingOutcome& a_first = replicated_run(family, setup.sp, 1, world);
   const TrainingOutcome b_first = testing::train_for(sharded, world, 1);
   const std::string where = family + " stage " + std::to_string(stage) + " sp " +
-                            std::to_string(setup.sp) + " " + setup.checkpointing + " bucket " +
-                            std::to_string(setup.bucket_mb);
+                            std::to_string(setup.sp) + " " + name_of(setup.checkpointing) +
+                            " bucket " + std::to_string(setup.bucket_mb);
   for (int i = 0; i < kSteps; ++i) {
     EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i]))
         << where << " step " << i + 1;
@@ -75,10 +75,11 @@ void expect_stage_matches(const std::string& family, int stage, const Setup& set
 }
 
 void expect_every_setup_matches(int stage, Comm& world) {
-  std::vector<Setup> setups = {{world.size(), "none", 25.0},
-                               {world.size(), "layer", kOneLayerPerUnit},
-                               {1, "layer", kOneLayerPerUnit}};
-  if (world.size() == 4) setups.push_back({2, "none", kOneLayerPerUnit});
+  using AC = ActivationCheckpointing;
+  std::vector<Setup> setups = {{world.size(), AC::none, 25.0},
+                               {world.size(), AC::layer, kOneLayerPerUnit},
+                               {1, AC::layer, kOneLayerPerUnit}};
+  if (world.size() == 4) setups.push_back({2, AC::none, kOneLayerPerUnit});
   for (const char* family : {"llama", "gpt2"})
     for (const Setup& setup : setups) expect_stage_matches(family, stage, setup, world);
 }
@@ -228,7 +229,7 @@ TEST_F(Zero, LayerCheckpointingAddsOneLayerInputPerLayerUnderStage3) {
   auto peaks = [&](int layers) {
     Config config = testing::tiny_training_config("llama", 4, world().size(), 2);
     config.model.n_layers = layers;
-    config.memory.activation_checkpointing = "layer";
+    config.memory.activation_checkpointing = ActivationCheckpointing::layer;
     config.parallel.zero_stage = 3;
     auto backend = make_backend("cpu", 0);
     Mesh mesh = make_mesh(world(), config.parallel.sp);
