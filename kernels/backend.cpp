@@ -13,6 +13,12 @@ namespace ulysses {
 
 // ---- the op fronts: contract, then implementation -----------------------------------------
 
+void Backend::require_apart(const char* op, std::initializer_list<contracts::NamedTensor> outputs,
+                            std::initializer_list<contracts::NamedTensor> inputs) const {
+  // Planned buffers all stand at one address: only real ones can be told apart.
+  if (!memory_.planning()) contracts::require_apart(op, outputs, inputs);
+}
+
 void Backend::upload(const Tensor& dst, const void* host_src) {
   upload_impl(dst, host_src);
 }
@@ -23,11 +29,13 @@ void Backend::download(void* host_dst, const Tensor& src) {
 
 void Backend::copy(const Tensor& dst, const Tensor& src) {
   contracts::check_copy(dst, src);
+  require_apart("copy", {{dst, "dst"}}, {{src, "src"}});
   copy_impl(dst, src);
 }
 
 void Backend::cast(const Tensor& dst, const Tensor& src) {
   contracts::check_cast(dst, src);
+  require_apart("cast", {{dst, "dst"}}, {{src, "src"}});
   cast_impl(dst, src);
 }
 
@@ -57,6 +65,7 @@ double Backend::sum_squares(const Tensor& x) {
 void Backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                    float alpha, float beta) {
   contracts::check_gemm(a, trans_a, b, trans_b, c);
+  require_apart("gemm", {{c, "c"}}, {{a, "a"}, {b, "b"}});
   gemm_impl(a, trans_a, b, trans_b, c, alpha, beta);
 }
 
@@ -67,30 +76,39 @@ void Backend::bias_forward(const Tensor& out, const Tensor& bias) {
 
 void Backend::bias_backward(const Tensor& dbias, const Tensor& dout) {
   contracts::check_bias_backward(dbias, dout);
+  require_apart("bias_backward", {{dbias, "dbias"}}, {{dout, "dout"}});
   bias_backward_impl(dbias, dout);
 }
 
 void Backend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                 const Tensor& wpe, int64_t pos_offset) {
   contracts::check_embedding_forward(out, tokens, wte, wpe, pos_offset);
+  require_apart("embedding_forward", {{out, "out"}},
+                {{tokens, "tokens"}, {wte, "wte"}, {wpe, "wpe"}});
   embedding_forward_impl(out, tokens, wte, wpe, pos_offset);
 }
 
 void Backend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                  const Tensor& tokens, int64_t pos_offset) {
   contracts::check_embedding_backward(dwte, dwpe, dout, tokens, pos_offset);
+  require_apart("embedding_backward", {{dwte, "dwte"}, {dwpe, "dwpe"}},
+                {{dout, "dout"}, {tokens, "tokens"}});
   embedding_backward_impl(dwte, dwpe, dout, tokens, pos_offset);
 }
 
 void Backend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                               const Tensor& weight, float eps) {
   contracts::check_rmsnorm_forward(out, rstd, x, weight);
+  require_apart("rmsnorm_forward", {{out, "out"}, {rstd, "rstd"}}, {{x, "x"}, {weight, "weight"}});
   rmsnorm_forward_impl(out, rstd, x, weight, eps);
 }
 
 void Backend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   contracts::check_rmsnorm_backward(dx, dweight, dout, x, weight, rstd);
+  require_apart("rmsnorm_backward", {{dx, "dx"}, {dweight, "dweight"}},
+                {{x, "x"}, {weight, "weight"}, {rstd, "rstd"}});
+  require_apart("rmsnorm_backward", {{dweight, "dweight"}}, {{dout, "dout"}});
   rmsnorm_backward_impl(dx, dweight, dout, x, weight, rstd);
 }
 
@@ -98,6 +116,8 @@ void Backend::layernorm_forward(const Tensor& out, const Tensor& mean, const Ten
                                 const Tensor& x, const Tensor& weight, const Tensor& bias,
                                 float eps) {
   contracts::check_layernorm_forward(out, mean, rstd, x, weight, bias);
+  require_apart("layernorm_forward", {{out, "out"}, {mean, "mean"}, {rstd, "rstd"}},
+                {{x, "x"}, {weight, "weight"}, {bias, "bias"}});
   layernorm_forward_impl(out, mean, rstd, x, weight, bias, eps);
 }
 
@@ -105,6 +125,9 @@ void Backend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const 
                                  const Tensor& dout, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd) {
   contracts::check_layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd);
+  require_apart("layernorm_backward", {{dx, "dx"}, {dweight, "dweight"}, {dbias, "dbias"}},
+                {{x, "x"}, {weight, "weight"}, {mean, "mean"}, {rstd, "rstd"}});
+  require_apart("layernorm_backward", {{dweight, "dweight"}, {dbias, "dbias"}}, {{dout, "dout"}});
   layernorm_backward_impl(dx, dweight, dbias, dout, x, weight, mean, rstd);
 }
 
@@ -115,28 +138,33 @@ void Backend::rope(const Tensor& x, int64_t pos_offset, float theta, bool invers
 
 void Backend::swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   contracts::check_swiglu_forward(out, gate, up);
+  require_apart("swiglu_forward", {{out, "out"}}, {{gate, "gate"}, {up, "up"}});
   swiglu_forward_impl(out, gate, up);
 }
 
 void Backend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                               const Tensor& gate, const Tensor& up) {
   contracts::check_swiglu_backward(dgate, dup, dout, gate, up);
+  require_apart("swiglu_backward", {{dgate, "dgate"}, {dup, "dup"}}, {{gate, "gate"}, {up, "up"}});
   swiglu_backward_impl(dgate, dup, dout, gate, up);
 }
 
 void Backend::gelu_forward(const Tensor& out, const Tensor& x) {
   contracts::check_gelu_forward(out, x);
+  require_apart("gelu_forward", {{out, "out"}}, {{x, "x"}});
   gelu_forward_impl(out, x);
 }
 
 void Backend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   contracts::check_gelu_backward(dx, dout, x);
+  require_apart("gelu_backward", {{dx, "dx"}}, {{x, "x"}});
   gelu_backward_impl(dx, dout, x);
 }
 
 void Backend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                 const Tensor& k, const Tensor& v) {
   contracts::check_attention_forward(out, lse, q, k, v);
+  require_apart("attention_forward", {{out, "out"}, {lse, "lse"}}, {{q, "q"}, {k, "k"}, {v, "v"}});
   attention_forward_impl(out, lse, q, k, v);
 }
 
@@ -144,6 +172,8 @@ void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tenso
                                  const Tensor& dout, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& out, const Tensor& lse) {
   contracts::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+  require_apart("attention_backward", {{dq, "dq"}, {dk, "dk"}, {dv, "dv"}},
+                {{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
   attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse);
 }
 
@@ -151,12 +181,15 @@ LossResult Backend::lm_head_loss(const Tensor& hidden, const Tensor& weight, con
                                  int64_t tile_rows, float grad_scale, const Tensor& dhidden,
                                  const Tensor& dweight) {
   contracts::check_lm_head_loss(hidden, weight, targets, tile_rows, dhidden, dweight);
+  require_apart("lm_head_loss", {{dhidden, "dhidden"}, {dweight, "dweight"}},
+                {{hidden, "hidden"}, {weight, "weight"}, {targets, "targets"}});
   return lm_head_loss_impl(hidden, weight, targets, tile_rows, grad_scale, dhidden, dweight);
 }
 
 void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const AdamWStep& step) {
   contracts::check_adamw(param, grad, m, v, step);
+  require_apart("adamw", {{param, "param"}, {m, "m"}, {v, "v"}}, {{grad, "grad"}});
   adamw_impl(param, grad, m, v, step);
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -17,6 +18,10 @@
 #include "kernels/tensor.h"
 
 namespace ulysses {
+
+namespace contracts {
+struct NamedTensor;  // kernels/op_contracts.h
+}
 
 struct LossResult {
   double loss_sum = 0.0;  // sum of -log p(target) over counted tokens
@@ -228,6 +233,10 @@ class Backend {
                           const AdamWStep& step) = 0;
 
  private:
+  // An op's aliasing rule (kernels/op_contracts.h), checked where the buffers are real.
+  void require_apart(const char* op, std::initializer_list<contracts::NamedTensor> outputs,
+                     std::initializer_list<contracts::NamedTensor> inputs) const;
+
   MemoryTracker memory_;
   int64_t transfers_issued_ = 0;
   Profiler profiler_;

@@ -271,4 +271,30 @@ void check_target(int32_t target, int64_t row, int64_t vocab) {
                             std::to_string(vocab) + ")");
 }
 
+namespace {
+
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (a.empty() || b.empty() || a.bytes() == 0 || b.bytes() == 0) return false;
+  const auto* a_begin = static_cast<const char*>(a.data);
+  const auto* b_begin = static_cast<const char*>(b.data);
+  return a_begin < b_begin + b.bytes() && b_begin < a_begin + a.bytes();
+}
+
+}  // namespace
+
+void require_apart(const char* op, std::initializer_list<NamedTensor> outputs,
+                   std::initializer_list<NamedTensor> inputs) {
+  auto fail = [&](const NamedTensor& output, const NamedTensor& other) {
+    throw std::invalid_argument(std::string(op) + ": " + output.name + " " +
+                                output.tensor.shape_string() + " shares memory with " + other.name +
+                                " " + other.tensor.shape_string() + "; the op needs them apart");
+  };
+  for (auto output = outputs.begin(); output != outputs.end(); ++output) {
+    for (auto other = outputs.begin(); other != output; ++other)
+      if (overlap(output->tensor, other->tensor)) fail(*output, *other);
+    for (const NamedTensor& input : inputs)
+      if (overlap(output->tensor, input.tensor)) fail(*output, input);
+  }
+}
+
 }  // namespace ulysses::contracts

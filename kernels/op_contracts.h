@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
@@ -59,6 +60,18 @@ void check_lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor
                         int64_t tile_rows, const Tensor& dhidden, const Tensor& dweight);
 void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                  const AdamWStep& step);
+
+// Aliasing: each output must share no byte with the other outputs or with any input listed
+// (empty tensors are skipped). Where an op allows an output to be an input's memory (dx and
+// dout of the norm backward, say: kernels/backend.h), that input is not listed. Throws
+// std::invalid_argument naming both tensors. Planned buffers share one stand-in address, so
+// the fronts check only a backend whose buffers are real.
+struct NamedTensor {
+  const Tensor& tensor;
+  const char* name;
+};
+void require_apart(const char* op, std::initializer_list<NamedTensor> outputs,
+                   std::initializer_list<NamedTensor> inputs);
 
 // The checks on tensor data, which each backend makes where it has the values on the host.
 // Token ids come from data files (untrusted): every id must index a row of wte.

@@ -806,5 +806,41 @@ TEST(OpContracts, EveryBackendRejectsTheSameShapesWithTheSameMessage) {
   }
 }
 
+// Outputs that the op needs apart from its inputs are refused when they share memory, by
+// every backend with real buffers, with one message; what the interface allows (dx on dout
+// in the norm backward) still runs.
+TEST(OpContracts, OutputsThatShareMemoryWithTheirInputsAreRefused) {
+  CpuBackend cpu;
+  std::unique_ptr<Backend> emulated = make_emulated_cuda_backend();
+  for (Backend* backend : {static_cast<Backend*>(&cpu), emulated.get()}) {
+    SCOPED_TRACE(backend->name());
+    Buffer a = backend->alloc(MemCategory::activations, DType::f32, {4, 4}, "a");
+    Buffer b = backend->alloc(MemCategory::activations, DType::f32, {4, 4}, "b");
+    backend->fill_zero(a);
+    backend->fill_zero(b);
+    try {
+      backend->gemm(a, false, b, false, a.tensor(), 1.0f, 0.0f);
+      ADD_FAILURE() << "gemm wrote c over a";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_STREQ(error.what(),
+                   "gemm: c [4, 4] shares memory with a [4, 4]; the op needs them apart");
+    }
+    // A view that overlaps only in part is refused too.
+    EXPECT_THROW(backend->attention_forward(a.tensor().reshape({1, 4, 1, 4}),
+                                            b.tensor().flat_range(0, 4).reshape({1, 1, 4}),
+                                            b.tensor().reshape({1, 4, 1, 4}),
+                                            b.tensor().reshape({1, 4, 1, 4}),
+                                            b.tensor().reshape({1, 4, 1, 4})),
+                 std::invalid_argument);
+    Buffer x = backend->alloc(MemCategory::activations, DType::f32, {4, 4}, "x");
+    Buffer weight = backend->alloc(MemCategory::activations, DType::f32, {4}, "weight");
+    Buffer rstd = backend->alloc(MemCategory::activations, DType::f32, {4}, "rstd");
+    Buffer dweight = backend->alloc(MemCategory::activations, DType::f32, {4}, "dweight");
+    for (Buffer* buffer : {&x, &weight, &rstd, &dweight}) backend->fill_zero(*buffer);
+    EXPECT_NO_THROW(backend->rmsnorm_backward(a, dweight, a, x, weight, rstd));
+    EXPECT_THROW(backend->rmsnorm_backward(x, dweight, a, x, weight, rstd), std::invalid_argument);
+  }
+}
+
 }  // namespace
 }  // namespace ulysses
