@@ -57,7 +57,7 @@ TEST(SeqLenSchedule, StageOfEachStepAndItsBatch) {
   EXPECT_EQ(none.batch_size, 3);
 }
 
-// The main job's schedule (configs/passkey-4k-sp4.yaml): 540 steps, batch 16 at 256 tokens.
+// The main job's earlier schedule: 540 steps, batch 16 at 256 tokens.
 TEST(SeqLenSchedule, RemainingTimeScalesEachStepByItsStagesTokens) {
   const auto stages = parse_seq_len_schedule("256@0, 1024x8@400, 4096x4@500");
   const SeqLenStage last{4096, 500, 4}, middle{1024, 400, 8}, first{256, 0, 16};
