@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   using namespace ulysses;
   const int64_t size = argc > 1 ? std::atoll(argv[1]) : 2048;
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   backend->set_num_threads(int(std::thread::hardware_concurrency()));
   Buffer a = backend->alloc(MemCategory::workspace, DType::f32, {size, size}, "a");
   Buffer b = backend->alloc(MemCategory::workspace, DType::f32, {size, size}, "b");

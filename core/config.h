@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "data/data_config.h"
+#include "kernels/backend.h"
+#include "parallel/device_comm.h"
 
 namespace ulysses {
 
@@ -19,7 +21,9 @@ class ConfigError : public std::runtime_error {
 
 // Options with a fixed set of values are enums, parsed once by the config loader. Each has
 // its YAML spellings in the enum's order (name_of); messages, logs and --dry-run use them.
-enum class Device { cpu, cuda };
+// The enums of the lower layers' choices are theirs (kernels/backend.h,
+// parallel/device_comm.h); the config only names them.
+using Device = BackendKind;
 inline const std::vector<std::string> kDeviceNames = {"cpu", "cuda"};
 inline const std::string& name_of(Device value) {
   return kDeviceNames[size_t(value)];
@@ -43,7 +47,6 @@ inline const std::string& name_of(OnNonfinite value) {
   return kOnNonfiniteNames[size_t(value)];
 }
 
-enum class DeviceComm { automatic, nccl, mpi };
 inline const std::vector<std::string> kDeviceCommNames = {"auto", "nccl", "mpi"};
 inline const std::string& name_of(DeviceComm value) {
   return kDeviceCommNames[size_t(value)];
@@ -62,7 +65,6 @@ inline const std::string& name_of(ActivationCheckpointing value) {
   return kActivationCheckpointingNames[size_t(value)];
 }
 
-enum class AttentionKernel { native, cudnn };
 inline const std::vector<std::string> kAttentionKernelNames = {"native", "cudnn"};
 inline const std::string& name_of(AttentionKernel value) {
   return kAttentionKernelNames[size_t(value)];

@@ -48,7 +48,7 @@ void set_threads(Backend& backend, int cores, bool progress_thread) {
 
 // NCCL or staging is decided from every node's view: ranks that share a GPU anywhere make
 // every rank stage, since all ranks must build the same kind of communicator.
-DeviceCommChoice agree_device_comm(Comm& world, const std::string& setting) {
+DeviceCommChoice agree_device_comm(Comm& world, DeviceComm setting) {
   const int ranks_here = ranks_on_this_node(world);
   const int gpus_here = cuda_devices_visible();
   double worst_excess = double(ranks_here - gpus_here);
@@ -99,9 +99,8 @@ JobSession open_job(const std::string& config_path, const std::vector<std::strin
 
   std::string device_error;
   try {
-    // The kernels take the choices by their YAML spelling (kernels/backend.h).
-    job.backend = make_backend(name_of(job.config.device), memory_limit_bytes(job.config),
-                               name_of(job.config.kernels.attention));
+    job.backend = make_backend(job.config.device, memory_limit_bytes(job.config),
+                               job.config.kernels.attention);
   } catch (const DeviceUnavailableError& error) {
     device_error = error.what();
   }
@@ -117,8 +116,7 @@ void connect_job(JobSession& job, Comm& world) {
   // MPI carries host buffers; device buffers travel over NCCL or are staged through the host.
   Comm* compute_world = &world;
   if (job.config.device == Device::cuda) {
-    const DeviceCommChoice choice =
-        agree_device_comm(world, name_of(job.config.parallel.device_comm));
+    const DeviceCommChoice choice = agree_device_comm(world, job.config.parallel.device_comm);
     job.device_world = make_device_world(world, *job.backend, choice);
     compute_world = job.device_world.get();
     if (world.rank() == 0)

@@ -9,8 +9,7 @@
 namespace ulysses {
 
 MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
-  PlanningBackend backend(backend_kind(name_of(config.device)), name_of(config.kernels.attention),
-                          cpu_threads);
+  PlanningBackend backend(config.device, config.kernels.attention, cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp);
   Trainer trainer(config, backend, planned.mesh);
   MemoryPlan plan;

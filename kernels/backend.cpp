@@ -209,24 +209,21 @@ int cuda_devices_visible() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes,
-                                      const std::string& attention) {
-  if (device == "cpu") {
-    if (attention != "native")
-      throw std::invalid_argument("kernels.attention: " + attention + " needs device: cuda");
+std::unique_ptr<Backend> make_backend(BackendKind device, int64_t memory_limit_bytes,
+                                      AttentionKernel attention) {
+  if (device == BackendKind::cpu) {
+    if (attention != AttentionKernel::native)
+      throw std::invalid_argument("kernels.attention: cudnn needs device: cuda");
     return std::make_unique<CpuBackend>(memory_limit_bytes);
   }
-  if (device == "cuda") {
 #ifdef ULYSSES_WITH_CUDA
-    return make_cuda_backend(memory_limit_bytes, parse_attention_kind(attention));
+  return make_cuda_backend(memory_limit_bytes, attention);
 #else
-    throw DeviceUnavailableError(
-        "device: cuda was asked for, but this build has no CUDA backend (nvcc was not found "
-        "when it was configured); use device: cpu or rebuild on a machine with the CUDA "
-        "toolkit");
+  throw DeviceUnavailableError(
+      "device: cuda was asked for, but this build has no CUDA backend (nvcc was not found "
+      "when it was configured); use device: cpu or rebuild on a machine with the CUDA "
+      "toolkit");
 #endif
-  }
-  throw std::runtime_error("unknown device '" + device + "' (allowed: cpu, cuda)");
 }
 
 }  // namespace ulysses

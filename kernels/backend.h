@@ -23,6 +23,12 @@ namespace contracts {
 struct NamedTensor;  // kernels/op_contracts.h
 }
 
+// The device a backend computes on (the config key device).
+enum class BackendKind { cpu, cuda };
+// The cuda backend's attention (kernels.attention): the hand-written flash-style kernels, or
+// cuDNN's fused SDPA.
+enum class AttentionKernel { native, cudnn };
+
 struct LossResult {
   double loss_sum = 0.0;  // sum of -log p(target) over counted tokens
   int64_t count = 0;      // tokens whose target is >= 0
@@ -249,11 +255,10 @@ class DeviceUnavailableError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// "cpu" or "cuda"; attention is kernels.attention ("native" or "cudnn", cuda only).
-// Throws DeviceUnavailableError when the device is not available in this build or on this
-// machine.
-std::unique_ptr<Backend> make_backend(const std::string& device, int64_t memory_limit_bytes,
-                                      const std::string& attention = "native");
+// attention cudnn needs the cuda device (std::invalid_argument otherwise). Throws
+// DeviceUnavailableError when the device is not available in this build or on this machine.
+std::unique_ptr<Backend> make_backend(BackendKind device, int64_t memory_limit_bytes,
+                                      AttentionKernel attention = AttentionKernel::native);
 
 // True when this binary was built with the CUDA backend.
 bool cuda_backend_compiled();

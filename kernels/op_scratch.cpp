@@ -7,12 +7,6 @@
 
 namespace ulysses {
 
-BackendKind backend_kind(const std::string& device) {
-  if (device == "cpu") return BackendKind::cpu;
-  if (device == "cuda") return BackendKind::cuda;
-  throw std::invalid_argument("unknown device '" + device + "' (allowed: cpu, cuda)");
-}
-
 DType compute_dtype_of(BackendKind kind) {
   return kind == BackendKind::cuda ? DType::bf16 : DType::f32;
 }

@@ -13,11 +13,7 @@
 namespace ulysses {
 
 class Backend;
-
-enum class BackendKind { cpu, cuda };
-
-// "cpu" or "cuda"; throws std::invalid_argument otherwise.
-BackendKind backend_kind(const std::string& device);
+enum class BackendKind;
 // Element type of weights and activations in the forward pass: f32 on cpu, bf16 on cuda
 // (fp32 master weights and optimizer state on both; docs/cuda.md).
 DType compute_dtype_of(BackendKind kind);

@@ -5,12 +5,10 @@
 
 namespace ulysses {
 
-PlanningBackend::PlanningBackend(BackendKind kind, const std::string& attention, int cpu_threads)
+PlanningBackend::PlanningBackend(BackendKind kind, AttentionKernel attention, int cpu_threads)
     : Backend(0), kind_(kind), attention_(attention), threads_(std::max(1, cpu_threads)) {
-  if (attention != "native" && !(attention == "cudnn" && kind == BackendKind::cuda))
-    throw std::invalid_argument(
-        "kernels.attention: " + attention +
-        (attention == "cudnn" ? " needs device: cuda" : " (native, cudnn)"));
+  if (attention == AttentionKernel::cudnn && kind != BackendKind::cuda)
+    throw std::invalid_argument("kernels.attention: cudnn needs device: cuda");
   memory().set_planning(true);
   if (kind_ == BackendKind::cuda) cublaslt_workspace_ = cublaslt_workspace(*this);
 }

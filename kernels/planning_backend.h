@@ -15,9 +15,9 @@ namespace ulysses {
 
 class PlanningBackend final : public Backend {
  public:
-  // attention: kernels.attention ("native", or "cudnn" on cuda). cpu_threads sizes the cpu
+  // attention: kernels.attention (cudnn on cuda only). cpu_threads sizes the cpu
   // attention's per-thread tiles, as omp_get_max_threads() does in a run.
-  PlanningBackend(BackendKind kind, const std::string& attention, int cpu_threads);
+  PlanningBackend(BackendKind kind, AttentionKernel attention, int cpu_threads);
 
   std::string name() const override;
   DType compute_dtype() const override { return compute_dtype_of(kind_); }
@@ -76,11 +76,11 @@ class PlanningBackend final : public Backend {
   void adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                   const AdamWStep&) override {}
 
-  bool cudnn() const { return kind_ == BackendKind::cuda && attention_ == "cudnn"; }
+  bool cudnn() const { return kind_ == BackendKind::cuda && attention_ == AttentionKernel::cudnn; }
   int64_t cudnn_bound(const Tensor& q) const;
 
   BackendKind kind_;
-  std::string attention_;
+  AttentionKernel attention_;
   int threads_;
   bool used_workspace_bound_ = false;
   Buffer cublaslt_workspace_;  // held by the cuda backend for its lifetime

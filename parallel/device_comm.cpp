@@ -18,13 +18,13 @@ bool nccl_compiled() {
 #endif
 }
 
-DeviceCommChoice choose_device_comm(const std::string& setting, bool nccl_available, int world_size,
+DeviceCommChoice choose_device_comm(DeviceComm setting, bool nccl_available, int world_size,
                                     int ranks_on_node, int gpus_on_node) {
-  if (setting == "mpi") return {false, "parallel.device_comm: mpi"};
+  if (setting == DeviceComm::mpi) return {false, "parallel.device_comm: mpi"};
   const bool shared_gpu = ranks_on_node > gpus_on_node;
   const std::string sharing = std::to_string(ranks_on_node) + " ranks on this node share " +
                               std::to_string(gpus_on_node) + " GPU(s)";
-  if (setting == "nccl") {
+  if (setting == DeviceComm::nccl) {
     if (!nccl_available)
       throw std::invalid_argument(
           "parallel.device_comm: nccl, but this build has no NCCL (it was not found when the "
@@ -36,9 +36,6 @@ DeviceCommChoice choose_device_comm(const std::string& setting, bool nccl_availa
                                   "parallel.device_comm: mpi or auto");
     return {true, "parallel.device_comm: nccl"};
   }
-  if (setting != "auto")
-    throw std::invalid_argument("parallel.device_comm: unknown value '" + setting +
-                                "' (allowed: auto, nccl, mpi)");
   if (world_size == 1) return {false, "one rank: nothing travels between ranks"};
   if (!nccl_available) return {false, "this build has no NCCL: MPI, staged through the host"};
   if (shared_gpu) return {false, sharing + ": MPI, staged through the host"};

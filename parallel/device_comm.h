@@ -9,6 +9,9 @@
 
 namespace ulysses {
 
+// parallel.device_comm: what carries the device buffers between ranks.
+enum class DeviceComm { automatic, nccl, mpi };
+
 struct DeviceCommChoice {
   bool nccl = false;   // NcclComm; otherwise a StagedComm over MPI
   std::string reason;  // why, for the log
@@ -17,11 +20,11 @@ struct DeviceCommChoice {
 // True when this build has NcclComm.
 bool nccl_compiled();
 
-// setting is auto | nccl | mpi. NCCL needs this build to have it and one GPU per rank of a
+// NCCL needs this build to have it and one GPU per rank of a
 // node (two ranks on one GPU is an error in NCCL); auto takes it when it can and more than one
 // rank runs. Throws std::invalid_argument, naming the key and the way out, when nccl is asked
 // for but cannot work.
-DeviceCommChoice choose_device_comm(const std::string& setting, bool nccl_available, int world_size,
+DeviceCommChoice choose_device_comm(DeviceComm setting, bool nccl_available, int world_size,
                                     int ranks_on_node, int gpus_on_node);
 
 // A communicator over the ranks of world for buffers of a device backend: an NcclComm or a

@@ -77,14 +77,14 @@ class BackendOps : public ::testing::TestWithParam<Column> {
   void SetUp() override {
     switch (GetParam()) {
       case Column::cpu:
-        backend_ = make_backend("cpu", 0);
+        backend_ = make_backend(BackendKind::cpu, 0);
         break;
       case Column::emulated_cuda:
         backend_ = make_emulated_cuda_backend();
         break;
       case Column::gpu:
         try {
-          backend_ = make_backend("cuda", 0);
+          backend_ = make_backend(BackendKind::cuda, 0);
         } catch (const DeviceUnavailableError& error) {
           GTEST_SKIP() << "the real-GPU column needs a GPU (scripts/gpu-check.sh): "
                        << error.what();
@@ -765,7 +765,7 @@ INSTANTIATE_TEST_SUITE_P(Columns, BackendOps,
 // backend rejects, with its message.
 TEST(OpContracts, EveryBackendRejectsTheSameShapesWithTheSameMessage) {
   CpuBackend cpu;
-  PlanningBackend planner(BackendKind::cuda, "native", 1);
+  PlanningBackend planner(BackendKind::cuda, AttentionKernel::native, 1);
   std::unique_ptr<Backend> emulated = make_emulated_cuda_backend();
   auto message = [](Backend& backend, const std::function<void(Backend&)>& call) {
     try {

@@ -52,7 +52,7 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
 // backend ..."); any other failure to start is a test failure, not a skip.
 std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason) {
   try {
-    return make_backend("cuda", 0);
+    return make_backend(BackendKind::cuda, 0);
   } catch (const std::exception& error) {
     reason = error.what();
     if (reason.find("no CUDA device") == std::string::npos &&
@@ -68,7 +68,7 @@ class CudaOps : public ::testing::Test {
     std::string reason;
     gpu_ = cuda_backend_or_reason(reason);
     if (!gpu_) GTEST_SKIP() << reason;
-    cpu_ = make_backend("cpu", 0);
+    cpu_ = make_backend(BackendKind::cpu, 0);
   }
 
   // The same values as an f32 tensor on the cpu and a `dtype` tensor on the gpu.
@@ -295,12 +295,12 @@ TEST_F(CudaOps, SwigluAndGeluWithAliasedGradients) {
 // kernels.attention: native (the hand-written kernels) or cudnn (cuDNN's fused engines), by
 // head dim. Both are held to the same tolerances and to determinism.
 class CudaAttention : public CudaOps,
-                      public ::testing::WithParamInterface<std::tuple<int64_t, std::string>> {
+                      public ::testing::WithParamInterface<std::tuple<int64_t, AttentionKernel>> {
  protected:
   void SetUp() override {
     CudaOps::SetUp();
-    if (!IsSkipped() && std::get<1>(GetParam()) != "native")
-      gpu_ = make_backend("cuda", 0, std::get<1>(GetParam()));
+    if (!IsSkipped() && std::get<1>(GetParam()) != AttentionKernel::native)
+      gpu_ = make_backend(BackendKind::cuda, 0, std::get<1>(GetParam()));
   }
 };
 
@@ -342,9 +342,10 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
 INSTANTIATE_TEST_SUITE_P(
     KindsAndHeadDims, CudaAttention,
     ::testing::Combine(::testing::Values(int64_t(64), int64_t(96), int64_t(128)),
-                       ::testing::Values(std::string("native"), std::string("cudnn"))),
-    [](const ::testing::TestParamInfo<std::tuple<int64_t, std::string>>& info) {
-      return std::get<1>(info.param) + "_d" + std::to_string(std::get<0>(info.param));
+                       ::testing::Values(AttentionKernel::native, AttentionKernel::cudnn)),
+    [](const ::testing::TestParamInfo<std::tuple<int64_t, AttentionKernel>>& info) {
+      return std::string(std::get<1>(info.param) == AttentionKernel::cudnn ? "cudnn" : "native") +
+             "_d" + std::to_string(std::get<0>(info.param));
     });
 
 TEST_F(CudaOps, LmHeadLossOverTiles) {

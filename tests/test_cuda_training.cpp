@@ -18,9 +18,9 @@ namespace {
 
 using namespace training_test;
 
-std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason, const std::string& attention) {
+std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason, AttentionKernel attention) {
   try {
-    return make_backend("cuda", 0, attention);
+    return make_backend(BackendKind::cuda, 0, attention);
   } catch (const std::exception& error) {
     reason = error.what();
     if (reason.find("no CUDA device") == std::string::npos &&
@@ -42,13 +42,13 @@ Config training_config(const std::string& family) {
 }
 
 // (family, kernels.attention)
-class CudaTraining : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+class CudaTraining : public ::testing::TestWithParam<std::tuple<std::string, AttentionKernel>> {};
 
 TEST_P(CudaTraining, OneStepMatchesCpuWithinBf16Tolerances) {
   std::string reason;
   std::unique_ptr<Backend> gpu = cuda_backend_or_reason(reason, std::get<1>(GetParam()));
   if (!gpu) GTEST_SKIP() << reason;
-  auto cpu = make_backend("cpu", 0);
+  auto cpu = make_backend(BackendKind::cpu, 0);
   const Config config = training_config(std::get<0>(GetParam()));
   const ParamTable table(config.model);
   const std::vector<float> weights = random_weights(table, 21);
@@ -61,9 +61,9 @@ TEST_P(CudaTraining, OneStepMatchesCpuWithinBf16Tolerances) {
 INSTANTIATE_TEST_SUITE_P(
     FamiliesAndAttention, CudaTraining,
     ::testing::Combine(::testing::Values(std::string("llama"), std::string("gpt2")),
-                       ::testing::Values(std::string("native"), std::string("cudnn"))),
-    [](const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                       ::testing::Values(AttentionKernel::native, AttentionKernel::cudnn)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, AttentionKernel>>& info) {
+      return std::get<0>(info.param) + "_" + name_of(std::get<1>(info.param));
     });
 
 }  // namespace

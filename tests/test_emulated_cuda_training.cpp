@@ -35,7 +35,7 @@ Config tiny_config(const std::string& family) {
 class EmulatedCudaTraining : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EmulatedCudaTraining, TwoStepsMatchCpuWithinBf16Tolerances) {
-  auto cpu = make_backend("cpu", 0);
+  auto cpu = make_backend(BackendKind::cpu, 0);
   auto emulated = make_emulated_cuda_backend();
   const Config config = tiny_config(GetParam());
   const ParamTable table(config.model);

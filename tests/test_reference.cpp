@@ -59,7 +59,7 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
   const ModelConfig& m = config.model;
   const int64_t batch = 2, seq = 24;
 
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   auto sp = make_local_comm("sp");
   Model model(config, *backend, *sp, *sp, batch, seq);
   std::vector<float> weights = random_weights(model.table(), 11);

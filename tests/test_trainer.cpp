@@ -25,7 +25,7 @@ Config tiny_config(const std::string& family) {
 }
 
 struct TrainerRun {
-  std::unique_ptr<Backend> backend = make_backend("cpu", 0);
+  std::unique_ptr<Backend> backend = make_backend(BackendKind::cpu, 0);
   std::unique_ptr<Comm> world = make_local_comm();
   Mesh mesh;
   std::unique_ptr<Trainer> trainer;

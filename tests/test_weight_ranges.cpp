@@ -156,7 +156,7 @@ TEST(PlacedSafetensors, PiecesWrittenInAnyOrderMakeTheSameFileAsTheWriter) {
 }
 
 TEST(StoredWeights, GiveBackWhatARankStoredToAStateOfTheSameLayout) {
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   std::unique_ptr<Comm> world = make_local_comm(*backend);
   const std::vector<int64_t> unit_ends = {10, 25, 31};
   std::vector<float> host(31);

@@ -276,7 +276,7 @@ TEST_P(HfReference, ImportedModelGivesTheReferenceLoss) {
       "train: {batch_size: 2, seq_len: 32}\n"
       "data: {source: synthetic, n_pairs: 1, n_queries: 1, n_keys: 4, n_values: 4, n_filler: 4}\n",
       {}, "hf.yaml");
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   auto sp = make_local_comm("sp");
   Model model(config, *backend, *sp, *sp, 2, 32);
   std::vector<float> weights;

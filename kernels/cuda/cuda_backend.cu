@@ -25,13 +25,6 @@ using cuda::check_launch;
 using cuda::dispatch_float;
 using cuda::LaunchShape;
 
-AttentionKind parse_attention_kind(const std::string& name) {
-  if (name == "native") return AttentionKind::native;
-  if (name == "cudnn") return AttentionKind::cudnn;
-  throw std::invalid_argument("kernels.attention: unknown value '" + name +
-                              "' (allowed: native, cudnn)");
-}
-
 namespace {
 
 // The node-local rank that launchers export, so that each rank of a node takes its own GPU.
@@ -56,7 +49,7 @@ CudaBackend& as_cuda(Backend& backend, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int64_t memory_limit_bytes, AttentionKind attention) {
+std::unique_ptr<Backend> make_cuda_backend(int64_t memory_limit_bytes, AttentionKernel attention) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
@@ -88,10 +81,10 @@ int cuda_device_count() {
   return count;
 }
 
-CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind attention)
+CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKernel attention)
     : Backend(memory_limit_bytes), device_(device) {
 #ifndef ULYSSES_WITH_CUDNN
-  if (attention == AttentionKind::cudnn)
+  if (attention == AttentionKernel::cudnn)
     throw std::runtime_error(
         "kernels.attention: cudnn is not available: cuDNN was not found when this build was "
         "configured; use kernels.attention: native");
@@ -126,7 +119,7 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind a
   timeline_ = std::make_unique<CudaTimeline>(stream_);
   profiler().set_device_timeline(timeline_.get());
 #ifdef ULYSSES_WITH_CUDNN
-  if (attention == AttentionKind::cudnn)
+  if (attention == AttentionKernel::cudnn)
     cudnn_attention_ = std::make_unique<CudnnAttention>(*this, stream_);
 #endif
 }

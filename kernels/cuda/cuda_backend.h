@@ -12,18 +12,12 @@ namespace ulysses {
 
 class CudaTimeline;
 
-// kernels.attention: the hand-written flash-style kernels, or cuDNN's fused SDPA.
-enum class AttentionKind { native, cudnn };
-
-// "native" or "cudnn"; throws std::invalid_argument naming the allowed values otherwise.
-AttentionKind parse_attention_kind(const std::string& name);
-
 // Throws "no CUDA device: <reason>" when no usable GPU is present. Under mpirun each rank
 // takes the GPU of its node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or
 // SLURM_LOCALID, modulo the device count). A memory limit of 0 becomes the device's free
 // memory, so a run that cannot fit fails with OutOfMemoryError listing the categories.
 std::unique_ptr<Backend> make_cuda_backend(int64_t memory_limit_bytes,
-                                           AttentionKind attention = AttentionKind::native);
+                                           AttentionKernel attention = AttentionKernel::native);
 
 // The cudaStream_t (as void*) every op of a CUDA backend runs on, for communicators that
 // must order their work after it; throws std::invalid_argument for other backends.

@@ -23,7 +23,7 @@ class CudaTransfers;
 class CudaBackend final : public Backend {
  public:
   // attention = cudnn throws when this build has no cuDNN.
-  CudaBackend(int device, int64_t memory_limit_bytes, AttentionKind attention);
+  CudaBackend(int device, int64_t memory_limit_bytes, AttentionKernel attention);
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }

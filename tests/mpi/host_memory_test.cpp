@@ -82,7 +82,7 @@ class HostMemory : public MpiTest {
 
 TEST_F(HostMemory, EachRankHoldsItsShareAndOneUnitDuringInitSaveResumeAndInitFrom) {
   Comm& world = mpi_world();
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   backend->set_num_threads(1);
   const Config run = config();
   Mesh mesh = make_mesh(world, run.parallel.sp);

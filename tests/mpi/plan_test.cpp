@@ -59,7 +59,7 @@ class PlanAgainstRuns : public testing::MpiTest {
   // The largest per-category peak of two real steps, each measured from its start as the
   // metrics file's mem_peak_bytes is.
   MemoryStats measured_peaks(const Config& config) {
-    auto backend = make_backend("cpu", 0);
+    auto backend = make_backend(BackendKind::cpu, 0);
     backend->set_num_threads(1);
     Mesh mesh = make_mesh(world(), config.parallel.sp);
     Trainer trainer(config, *backend, mesh);

@@ -44,7 +44,7 @@ Tensor host_tensor(Bytes& bytes, DType dtype) {
 }
 
 class StagedCollectives : public testing::MpiTest,
-                          public ::testing::WithParamInterface<std::string> {
+                          public ::testing::WithParamInterface<BackendKind> {
  protected:
   void SetUp() override {
     try {
@@ -225,9 +225,10 @@ TEST_P(StagedCollectives, SplitGroupsAreStagedToo) {
   EXPECT_EQ(one[0], sum);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, StagedCollectives, ::testing::Values("cpu", "cuda"),
-                         [](const ::testing::TestParamInfo<std::string>& backend) {
-                           return backend.param;
+INSTANTIATE_TEST_SUITE_P(Backends, StagedCollectives,
+                         ::testing::Values(BackendKind::cpu, BackendKind::cuda),
+                         [](const ::testing::TestParamInfo<BackendKind>& backend) {
+                           return std::string(backend.param == BackendKind::cuda ? "cuda" : "cpu");
                          });
 
 }  // namespace

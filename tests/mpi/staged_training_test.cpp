@@ -24,7 +24,7 @@ constexpr double kMinGradCosine = 0.995;
 
 using testing::MpiTest;
 
-class StagedTraining : public MpiTest, public ::testing::WithParamInterface<std::string> {};
+class StagedTraining : public MpiTest, public ::testing::WithParamInterface<BackendKind> {};
 
 TEST_P(StagedTraining, SpTwoOnOneDeviceMatchesOneRank) {
   if (world().size() != 2) GTEST_SKIP() << "runs on exactly 2 ranks (sp = 2 on one device)";
@@ -37,7 +37,7 @@ TEST_P(StagedTraining, SpTwoOnOneDeviceMatchesOneRank) {
   backend->set_num_threads(1);
   Config distributed = testing::tiny_training_config("llama", 2, 2, 2);
   Config single = testing::tiny_training_config("llama", 2, 1, 2);
-  distributed.device = single.device = GetParam() == "cuda" ? Device::cuda : Device::cpu;
+  distributed.device = single.device = GetParam();
 
   StagedComm alone(make_local_comm(), *backend);
   const testing::TrainingOutcome reference = testing::train_on(*backend, single, alone, 3);
@@ -59,9 +59,10 @@ TEST_P(StagedTraining, SpTwoOnOneDeviceMatchesOneRank) {
   EXPECT_GT(pair.staging_bytes(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, StagedTraining, ::testing::Values("cpu", "cuda"),
-                         [](const ::testing::TestParamInfo<std::string>& backend) {
-                           return backend.param;
+INSTANTIATE_TEST_SUITE_P(Backends, StagedTraining,
+                         ::testing::Values(BackendKind::cpu, BackendKind::cuda),
+                         [](const ::testing::TestParamInfo<BackendKind>& backend) {
+                           return std::string(backend.param == BackendKind::cuda ? "cuda" : "cpu");
                          });
 
 }  // namespace

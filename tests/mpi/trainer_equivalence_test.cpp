@@ -113,7 +113,7 @@ TEST_F(TrainerEquivalence, LayerCheckpointingUnderSequenceParallelism) {
 TEST_F(TrainerEquivalence, BlocksKeepNoLocalCopiesOfQkvUnderSequenceParallelism) {
   const int sp = world().size();
   Config config = tiny_training_config("llama", 4, sp, 2);
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   Mesh mesh = make_mesh(world(), sp);
   Trainer trainer(config, *backend, mesh);
   const int64_t local_block_bytes = int64_t(config.train.batch_size) * (config.train.seq_len / sp) *
@@ -129,7 +129,7 @@ TEST_F(TrainerEquivalence, DataParallelOnly) {
 TEST_F(TrainerEquivalence, AllToAllBytesPerLayerMatchTheAnalyticVolume) {
   const int sp = world().size();
   Config config = tiny_training_config("llama", 4, sp, 2);
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   backend->set_num_threads(1);
   Mesh mesh = make_mesh(world(), sp);
   Trainer trainer(config, *backend, mesh);

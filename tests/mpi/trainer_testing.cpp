@@ -29,7 +29,7 @@ Config tiny_training_config(const std::string& family, int kv_heads, int sp, int
 }
 
 TrainingOutcome train_for(const Config& config, Comm& world, int steps) {
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   backend->set_num_threads(1);
   return train_on(*backend, config, world, steps);
 }
@@ -53,7 +53,7 @@ TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, in
 }
 
 std::vector<TraceSpan> traced_step(const Config& config, Comm& world) {
-  auto backend = make_backend("cpu", 0);
+  auto backend = make_backend(BackendKind::cpu, 0);
   backend->set_num_threads(1);
   Mesh mesh = make_mesh(world, config.parallel.sp);
   Trainer trainer(config, *backend, mesh);

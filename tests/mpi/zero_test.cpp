@@ -118,7 +118,7 @@ TEST_F(Zero, EveryStageHoldsItsShareOfTheState) {
     config.parallel.zero_stage = stage;
     config.parallel.bucket_mb = kOneLayerPerUnit;
     config.parallel.prefetch = prefetch;
-    auto backend = make_backend("cpu", 0);
+    auto backend = make_backend(BackendKind::cpu, 0);
     Mesh mesh = make_mesh(world(), config.parallel.sp);
     Trainer trainer(config, *backend, mesh);
     ASSERT_EQ(backend->compute_dtype(), DType::f32);
@@ -231,7 +231,7 @@ TEST_F(Zero, LayerCheckpointingAddsOneLayerInputPerLayerUnderStage3) {
     config.model.n_layers = layers;
     config.memory.activation_checkpointing = ActivationCheckpointing::layer;
     config.parallel.zero_stage = 3;
-    auto backend = make_backend("cpu", 0);
+    auto backend = make_backend(BackendKind::cpu, 0);
     Mesh mesh = make_mesh(world(), config.parallel.sp);
     Trainer trainer(config, *backend, mesh);
     backend->memory().reset_peaks();
