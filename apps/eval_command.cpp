@@ -4,7 +4,8 @@
 #include <iostream>
 
 #include "apps/weight_source_options.h"
-#include "apps/world_main.h"
+#include "apps/common_options.h"
+#include "core/run_on_world.h"
 #include "core/eval_job.h"
 #include "core/job_errors.h"
 

@@ -10,7 +10,6 @@
 #include "core/job_errors.h"
 #include "core/plan_report.h"
 #include "core/plan_search.h"
-#include "kernels/stopwatch.h"
 
 namespace ulysses {
 
@@ -34,28 +33,6 @@ int64_t parse_tokens(const std::string& text) {
     throw CLI::ValidationError("--seq", "'" + text + "': the suffix can be k (1024) or m (1024²)");
   if (value < 1) throw CLI::ValidationError("--seq", "'" + text + "' is not positive");
   return value;
-}
-
-void print_longest(const PlanTarget& target, const std::vector<int>& sps, int64_t granule) {
-  std::cout << "== longest seq_len that fits " << format_bytes(target.budget_bytes)
-            << " per rank, world " << target.world_size << " (multiples of " << granule
-            << " x sp tokens)\n";
-  for (int sp : sps) {
-    const PlanPoint probe = plan_point(target, granule * sp, sp);
-    if (!probe.verdict.empty()) {
-      std::cout << "  sp " << sp << ": cannot plan: " << probe.verdict << "\n";
-      continue;
-    }
-    for (const OptionSet& options : option_ladder(probe.config, target.world_size)) {
-      const Stopwatch clock;
-      const int64_t longest = longest_fitting_seq(target, sp, options, granule * sp);
-      const double seconds = clock.seconds();
-      char line[256];
-      std::snprintf(line, sizeof line, "  sp %d  %-70s %12lld tokens  (%.2f s)\n", sp,
-                    options.name.c_str(), (long long)longest, seconds);
-      std::cout << line;
-    }
-  }
 }
 
 }  // namespace
@@ -125,7 +102,7 @@ int run_plan_command(int argc, char** argv) {
                                  "no budget: give --device-gib or set memory.limit_gib");
     target.budget_bytes = int64_t(gib * 1024.0 * 1024.0 * 1024.0);
     if (longest) {
-      print_longest(target, sp_values, granule);
+      print_longest_fits(std::cout, target, sp_values, granule);
       return 0;
     }
     for (int sp : sp_values)

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <string>
 
+#include "kernels/stopwatch.h"
+
 namespace ulysses {
 
 namespace {
@@ -71,6 +73,28 @@ void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarge
         << format_bytes(point.cheapest_plan.all_to_all_bytes) << " per step)\n";
   else
     out << "  no option set fits: more sp ranks, a shorter sequence or a larger device\n";
+}
+
+void print_longest_fits(std::ostream& out, const PlanTarget& target, const std::vector<int>& sps,
+                        int64_t granule) {
+  out << "== longest seq_len that fits " << format_bytes(target.budget_bytes) << " per rank, world "
+      << target.world_size << " (multiples of " << granule << " x sp tokens)\n";
+  for (int sp : sps) {
+    const PlanPoint probe = plan_point(target, granule * sp, sp);
+    if (!probe.verdict.empty()) {
+      out << "  sp " << sp << ": cannot plan: " << probe.verdict << "\n";
+      continue;
+    }
+    for (const OptionSet& options : option_ladder(probe.config, target.world_size)) {
+      const Stopwatch clock;
+      const int64_t longest = longest_fitting_seq(target, sp, options, granule * sp);
+      const double seconds = clock.seconds();
+      char line[256];
+      std::snprintf(line, sizeof line, "  sp %d  %-70s %12lld tokens  (%.2f s)\n", sp,
+                    options.name.c_str(), (long long)longest, seconds);
+      out << line;
+    }
+  }
 }
 
 }  // namespace ulysses

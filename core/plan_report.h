@@ -1,7 +1,9 @@
 // How `ulysses-train plan` and `--dry-run` print a plan (docs/memory.md, "The planner").
 #pragma once
 
+#include <cstdint>
 #include <ostream>
+#include <vector>
 
 #include "core/memory_plan.h"
 #include "core/plan_search.h"
@@ -14,5 +16,9 @@ void print_memory_plan(std::ostream& out, const MemoryPlan& plan);
 // A (seq_len, sp) point: divisibility, the plan as configured, fits or not, the cheapest
 // option set that fits.
 void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarget& target);
+// plan --longest: for each sp and each option set, the longest seq_len (a multiple of
+// granule · sp) that fits the target's budget.
+void print_longest_fits(std::ostream& out, const PlanTarget& target, const std::vector<int>& sps,
+                        int64_t granule);
 
 }  // namespace ulysses

@@ -3,17 +3,12 @@
 // every rank (docs/failures.md).
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <functional>
-#include <string>
 
 #include "core/log_setup.h"
 #include "parallel/comm.h"
 
 namespace ulysses {
-
-// --color auto|always|never, for every command (docs/configuration.md#logs).
-void add_color_option(CLI::App& app, std::string& color);
 
 // stop_handlers: SIGTERM/SIGINT ask the job to stop (the trainer checkpoints and exits 0)
 // instead of ending the process; color: the --color choice (core/log_setup.h). Returns the

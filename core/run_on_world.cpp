@@ -1,21 +1,14 @@
-#include "apps/world_main.h"
+#include "core/run_on_world.h"
 
 #include <spdlog/spdlog.h>
 
 #include <memory>
-#include <string>
 
 #include "core/job_errors.h"
 #include "core/stop_signal.h"
 #include "parallel/mpi_comm.h"
 
 namespace ulysses {
-
-void add_color_option(CLI::App& app, std::string& color) {
-  app.add_option("--color", color,
-                 "colour the log: auto (only on a terminal, never under mpirun), always or never")
-      ->check(CLI::IsMember({"auto", "always", "never"}));
-}
 
 int run_on_world(int* argc, char*** argv, bool stop_handlers, LogColor color,
                  const std::function<void(Comm& world)>& job) {

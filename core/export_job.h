@@ -1,0 +1,19 @@
+// `ulysses-train export`: a ulysses checkpoint's weights written in another format
+// (docs/checkpoints.md, "Exporting").
+#pragma once
+
+#include <string>
+
+namespace ulysses {
+
+struct ExportOptions {
+  std::string checkpoint;  // a step folder, or a checkpoint dir (its newest intact checkpoint)
+  std::string format;      // hf-llama | llmc
+  std::string out;         // hf-llama: a folder; llmc: a .bin file
+};
+
+// Verifies the checkpoint, then writes its weights. Errors name the file and the problem
+// (CheckpointError for the checkpoint, WeightsError for a model the format cannot hold).
+void export_checkpoint(const ExportOptions& options);
+
+}  // namespace ulysses
