@@ -3,11 +3,11 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "apps/weight_source_options.h"
 #include "apps/common_options.h"
-#include "core/run_on_world.h"
+#include "apps/weight_source_options.h"
 #include "core/eval_job.h"
 #include "core/job_errors.h"
+#include "core/run_on_world.h"
 
 namespace ulysses {
 

@@ -3,10 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "apps/weight_source_options.h"
 #include "apps/common_options.h"
-#include "core/run_on_world.h"
+#include "apps/weight_source_options.h"
 #include "core/job_errors.h"
+#include "core/run_on_world.h"
 #include "core/sample_job.h"
 
 namespace ulysses {

@@ -3,16 +3,16 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "apps/common_options.h"
 #include "apps/eval_command.h"
 #include "apps/export_command.h"
 #include "apps/plan_command.h"
 #include "apps/sample_command.h"
-#include "apps/common_options.h"
-#include "core/run_on_world.h"
 #include "core/config.h"
 #include "core/job_errors.h"
 #include "core/log_setup.h"
 #include "core/run_job.h"
+#include "core/run_on_world.h"
 
 int main(int argc, char** argv) {
   using namespace ulysses;
