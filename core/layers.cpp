@@ -169,6 +169,18 @@ void Block::norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor&
 
 void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor& x,
                     const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const {
+  forward_pass(w, shape, x, out, acts, scratch, true);
+}
+
+void Block::recompute(const LayerTensors& w, const BlockShape& shape, const Tensor& x,
+                      const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const {
+  forward_pass(w, shape, x, out, acts, scratch,
+               !mlp_recomputed_by_backward(shape.batch * shape.seq_local));
+}
+
+void Block::forward_pass(const LayerTensors& w, const BlockShape& shape, const Tensor& x,
+                         const Tensor& out, BlockActivations& acts, BlockScratch& scratch,
+                         bool with_mlp) const {
   const int64_t rows = shape.batch * shape.seq_local;
   const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
                 d = model_config_.head_dim();
@@ -237,6 +249,7 @@ void Block::forward(const LayerTensors& w, const BlockShape& shape, const Tensor
   // MLP: mid -> norm2 -> (gate, up -> swiglu | fc -> gelu) -> down, + mid
   norm_forward(acts.norm2, acts.mean2, acts.rstd2, acts.mid, w[R::mlp_norm_weight],
                w[R::mlp_norm_bias]);
+  if (!with_mlp) return;
   backend_.copy(out, acts.mid);
   Profiler::Scope mlp(profiler, phase::kMlp, Profiler::Kind::compute, 0, mlp_flops(rows));
   const int64_t tiles = mlp_tiles(rows);

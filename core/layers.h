@@ -74,6 +74,13 @@ class Block {
   // out[R, C] = block(x[R, C]); fills acts.
   void forward(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
                const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const;
+  // memory.activation_checkpointing: fills acts again for the backward. A tiled MLP is left
+  // out (its backward recomputes each tile), and then nothing is written to out, which may
+  // be empty (mlp_recomputed_by_backward).
+  void recompute(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
+                 const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const;
+  // Whether the backward recomputes the MLP of this many rows itself (memory.tiled_mlp).
+  bool mlp_recomputed_by_backward(int64_t rows) const { return mlp_tiles(rows) > 1; }
   // dresidual holds d(out) on entry and d(x) on return; weight gradients accumulate.
   void backward(const LayerTensors& weights, const LayerTensors& grads, const BlockShape& shape,
                 const Tensor& x, BlockActivations& acts, BlockScratch& scratch,
@@ -95,6 +102,10 @@ class Block {
   void mlp_backward(const LayerTensors& w, const LayerTensors& g, const Tensor& in,
                     const MlpBuffers& mlp, const Tensor& dout, const Tensor& din, const Tensor& d_a,
                     const Tensor& d_b) const;
+  // forward and recompute: with_mlp false stops after the MLP's norm.
+  void forward_pass(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
+                    const Tensor& out, BlockActivations& acts, BlockScratch& scratch,
+                    bool with_mlp) const;
   // Attention in head stages (core/staged_attention.h): parallel.head_chunks > 1.
   bool staged() const { return attention_.head_chunks() > 1; }
   // Forward FLOPs of the q/k/v projections and of the MLP over `rows` tokens (backward: 2×).

@@ -50,8 +50,9 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
     for (int i = 0; i < model_config_.n_layers; ++i)
       host_inputs_.push_back(backend.alloc(MemCategory::checkpoints_host, backend.compute_dtype(),
                                            {rows, C}, "offloaded block input"));
-    recompute_out_ = backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C},
-                                   "recomputed block output");
+    if (!block_.mlp_recomputed_by_backward(rows))
+      recompute_out_ = backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C},
+                                     "recomputed block output");
     offloaded_.assign(size_t(model_config_.n_layers), 0);
   }
   for (int i = 0; i < (recompute_ ? 1 : model_config_.n_layers); ++i)
@@ -237,12 +238,14 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     }
     const LayerTensors layer_weights = layer_view(layer, false);
     // The shared set still holds the last block's activations from the forward pass.
-    // Recomputing writes the same bits into the block's output, no longer needed.
+    // Recomputing writes the same bits into the block's output, no longer needed (a tiled
+    // MLP is not recomputed here: its backward does it tile by tile).
     if (recompute_ && layer != model_config_.n_layers - 1) {
       Profiler::Scope recompute(backend_.profiler(), phase::kRecompute, Profiler::Kind::absorbing);
-      block_.forward(layer_weights, shape_, block_input(layer),
-                     offload_moves_ ? recompute_out_ : residuals_[size_t(layer + 1)], acts_[0],
-                     scratch_);
+      block_.recompute(
+          layer_weights, shape_, block_input(layer),
+          offload_moves_ ? recompute_out_.tensor() : residuals_[size_t(layer + 1)].tensor(),
+          acts_[0], scratch_);
     }
     block_.backward(layer_weights, layer_view(layer, true), shape_, block_input(layer),
                     activations(layer), scratch_, dresidual_);

@@ -108,7 +108,8 @@ class Model {
   // memory.offload_checkpoints on a backend whose host memory is apart (cuda): each layer
   // input is copied out to host_inputs_ as the forward makes it and back one layer ahead in
   // the backward, so only two stay on the device (residuals_ then holds two buffers, used in
-  // turn) and the recomputed block's unused output goes to recompute_out_ (docs/memory.md).
+  // turn) and the recomputed block's unused output goes to recompute_out_ (docs/memory.md;
+  // none with a tiled MLP, whose recompute stops before the MLP).
   bool offload_moves_;
   Buffer tokens_, targets_;  // [B, T] i32
   std::vector<Buffer>

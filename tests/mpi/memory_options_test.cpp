@@ -175,5 +175,32 @@ TEST_F(MemoryOptions, OffloadThatMovesKeepsTwoInputsOnTheDeviceAndTheSameBits) {
   }
 }
 
+// With a tiled MLP the recompute pass stops before the MLP (the backward recomputes each
+// tile): moving the layer inputs then needs no buffer for the recomputed block's output, and
+// the bits are those of the run that keeps its inputs on the device.
+TEST_F(MemoryOptions, TiledMlpIsNotRecomputedTwiceAndMovedInputsNeedNoOutputBuffer) {
+  const int P = world().size();
+  const int64_t layer_input = 2 * (256 / P) * 128 * 4;
+  Config config = wide_config("llama", 4, 3, P);
+  config.memory.offload_checkpoints = true;
+  const MemoryStats untiled_moved = step_peaks(config, true);
+  const MemoryStats untiled_kept = step_peaks(config);
+  EXPECT_EQ(peak(untiled_moved, MemCategory::workspace),
+            peak(untiled_kept, MemCategory::workspace) + layer_input);
+  config.memory.tiled_mlp = "4";
+  const MemoryStats moved = step_peaks(config, true);
+  const MemoryStats kept = step_peaks(config);
+  EXPECT_EQ(peak(moved, MemCategory::workspace), peak(kept, MemCategory::workspace));
+
+  CpuBackend separate(0);
+  separate.treat_host_memory_as_separate();
+  separate.set_num_threads(1);
+  const testing::TrainingOutcome offloaded = testing::train_on(separate, config, world(), 2);
+  config.memory.offload_checkpoints = false;
+  const testing::TrainingOutcome on_device = testing::train_for(config, world(), 2);
+  EXPECT_EQ(offloaded.losses, on_device.losses);
+  EXPECT_EQ(offloaded.params, on_device.params);
+}
+
 }  // namespace
 }  // namespace ulysses
