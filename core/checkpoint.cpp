@@ -204,16 +204,20 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
   const bool sharded = model.state().layout().world() > 1;
   const int shards = sharded ? world_.size() : 1;
   // Pieces of at most one unit travel through the host (docs/memory.md, "Host memory per rank").
-  const int64_t piece = std::max<int64_t>(1, model.state().layout().max_padded_unit());
-  if (sharded || world_.rank() == 0) {
+  const int64_t piece = model.state().host_piece();
+  const bool writes = sharded || world_.rank() == 0;
+  const int shard = sharded ? world_.rank() : 0;
+  // Each optimizer file's checksum is computed by the rank that wrote it; rank 0 collects
+  // them for the manifest (CRC-32 and sizes are exact in a double).
+  std::vector<double> optimizer_crcs(size_t(2 * shards), 0.0);
+  if (writes) {
     json ranges = json::array();
     int64_t count = 0;
     for (const ShardSegment& segment : optimizer.segments()) {
       ranges.push_back({segment.begin, segment.end});
       count += segment.size();
     }
-    const std::string path =
-        temp_path + "/" + optimizer_file_name(sharded ? world_.rank() : 0, shards);
+    const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
     const std::string header = placed_safetensors_header(
         {{"exp_avg", {count}}, {"exp_avg_sq", {count}}},
         {{"ranges", ranges.dump()}, {"total", std::to_string(total)}}, path);
@@ -235,13 +239,6 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
       packed += segment.size();
     }
     moments.finish();
-  }
-  // Each optimizer file's checksum is computed by the rank that wrote it; rank 0 collects
-  // them for the manifest (CRC-32 and sizes are exact in a double).
-  std::vector<double> optimizer_crcs(size_t(2 * shards), 0.0);
-  if (sharded || world_.rank() == 0) {
-    const int shard = sharded ? world_.rank() : 0;
-    const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
     optimizer_crcs[size_t(2 * shard)] = double(crc32_of_file(path));
     optimizer_crcs[size_t(2 * shard + 1)] = double(fs::file_size(path));
   }
@@ -254,7 +251,7 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
   if (world_.rank() == 0)
     create_placed_safetensors(weights_path, header, uint64_t(total) * sizeof(float));
   world_.barrier();
-  if (sharded || world_.rank() == 0) {
+  if (writes) {
     PlacedSafetensorsWriter weights(weights_path, header.size());
     model.state().download_stored_weights([&](int64_t begin, int64_t count, const float* values) {
       weights.write(begin, count, values);
@@ -385,7 +382,7 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& 
 
   // This rank's moments: the parts of every file's ranges that overlap its own segments,
   // moved to the device a piece of at most one unit at a time.
-  const int64_t piece = std::max<int64_t>(1, model.state().layout().max_padded_unit());
+  const int64_t piece = model.state().host_piece();
   const std::vector<ShardSegment>& mine = optimizer.segments();
   std::vector<float> host;
   int64_t needed = 0, covered = 0;

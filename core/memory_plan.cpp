@@ -36,7 +36,7 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   // Initialising, loading and saving the weights and moments move one ZeRO unit at a time
   // through the host; a curriculum's stage change keeps the weights this rank stores there
   // (docs/memory.md, "Host memory per rank").
-  plan.host_weights_io = state.layout().max_padded_unit() * int64_t(sizeof(float));
+  plan.host_weights_io = state.host_piece() * int64_t(sizeof(float));
   if (!config.train.seq_len_schedule.empty())
     plan.host_weights_io =
         std::max(plan.host_weights_io, state.layout().shard_numel() * int64_t(sizeof(float)));

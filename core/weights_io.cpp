@@ -445,11 +445,4 @@ void PretrainedWeights::read(int64_t begin, int64_t count, float* out) const {
   });
 }
 
-void load_pretrained_weights(const std::string& path, const ModelConfig& model,
-                             const ParamTable& table, std::vector<float>& host_params) {
-  const PretrainedWeights weights(path, model, table);
-  host_params.resize(size_t(table.total_numel()));
-  weights.read(0, table.total_numel(), host_params.data());
-}
-
 }  // namespace ulysses

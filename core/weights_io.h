@@ -59,8 +59,4 @@ class PretrainedWeights {
   int llmc_fd_ = -1;
 };
 
-// All of them into host_params (laid out by table), for the tools that run on one rank.
-void load_pretrained_weights(const std::string& path, const ModelConfig& model,
-                             const ParamTable& table, std::vector<float>& host_params);
-
 }  // namespace ulysses

@@ -285,7 +285,7 @@ const Tensor& ZeroState::master_weights() const {
 
 void ZeroState::for_each_stored_piece(
     const std::function<void(int64_t begin, int64_t shard_begin, int64_t count)>& visit) const {
-  const int64_t piece = std::max<int64_t>(1, layout_.max_padded_unit());
+  const int64_t piece = host_piece();
   for (const ShardSegment& segment : layout_.segments())
     for (int64_t done = 0; done < segment.size(); done += piece)
       visit(segment.begin + done, segment.shard_begin + done,

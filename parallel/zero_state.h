@@ -16,6 +16,7 @@
 // With a world of one rank every stage behaves as stage 0.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -95,6 +96,8 @@ class ZeroState {
   // Hands the master weights this rank stores to write, in flat order and in pieces of at
   // most one unit. Not collective.
   void download_stored_weights(const FlatRangeWriter& write);
+  // The most elements that travel through the host at once: one unit (padded).
+  int64_t host_piece() const { return std::max<int64_t>(1, layout_.max_padded_unit()); }
 
   // ---- whole buffers on the host (collective) ------------------------------------------
   // host holds layout().total() floats in flat order; each rank keeps its part.

@@ -25,6 +25,14 @@
 namespace ulysses {
 namespace {
 
+// All the weights of model.init_from into host_params, laid out by table.
+void load_pretrained_weights(const std::string& path, const ModelConfig& model,
+                             const ParamTable& table, std::vector<float>& host_params) {
+  const PretrainedWeights weights(path, model, table);
+  host_params.resize(size_t(table.total_numel()));
+  weights.read(0, table.total_numel(), host_params.data());
+}
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::run_command;
