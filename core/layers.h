@@ -29,17 +29,19 @@ struct QkvTensors {
 };
 QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width);
 
-// Everything a block keeps from forward for its backward.
+// Everything a block keeps from forward for its backward (docs/memory.md, "Activation
+// memory per option").
 struct BlockActivations {
-  Buffer norm1, mean1, rstd1;  // [R, C], [R], [R]  (mean only for layernorm)
+  Buffer norm1, mean1, rstd1;  // [R, C], [R], [R]  (mean only for layernorm; norm1 not kept
+                               // with layer checkpointing: the backward makes it again)
   Buffer q, k, v;              // [B, T, H, d], [B, T, Hkv, d], after RoPE; only with sp == 1,
-                               // where the attention state views them (else BlockScratch's)
+                               // where the attention state views them
   Buffer attn_out;             // [B, T, H, d]
   AttentionState attention;
-  Buffer mid;                  // [R, C] residual after attention
-  Buffer norm2, mean2, rstd2;  // [R, C], [R], [R]
-  Buffer ff_a, ff_b, ff_out;   // llama: gate, up, silu(gate)·up; gpt2: fc, -, gelu(fc); [R, F]
-                               // (none with memory.tiled_mlp: the backward recomputes them)
+  Buffer mid;                  // [R, C] residual after attention   (none with memory.tiled_mlp:
+  Buffer norm2, mean2, rstd2;  // [R, C], [R], [R]                    the backward recomputes
+  Buffer ff_a, ff_b, ff_out;   // llama: gate, up, silu(gate)·up;     mid, norm2 and the
+                               // gpt2: fc, -, gelu(fc); [R, F]       intermediates per tile)
 };
 
 // Shapes of one rank's share of a micro-batch.
@@ -47,18 +49,6 @@ struct BlockShape {
   int64_t batch = 1;       // B
   int64_t seq_local = 1;   // T held by this rank
   int64_t pos_offset = 0;  // global position of this rank's first token
-};
-
-// Scratch reused by every block: the backward's gradients, and with sp > 1 the forward's
-// local q/k/v too (attention keeps its own head-split copies, so they are dead after it).
-struct BlockScratch {
-  Buffer dnorm;  // [R, C]
-  Buffer dattn;  // [R, H·d]
-  // [B, T, H, d], [B, T, Hkv, d]: in forward the local q, k, v when the activations do not
-  // keep them (sp > 1); in backward their gradients.
-  Buffer q_or_dq, k_or_dk, v_or_dv;
-  Buffer dff_a, dff_b;              // [R, F], or [tile, F] with memory.tiled_mlp
-  Buffer tile_a, tile_b, tile_out;  // memory.tiled_mlp: one tile's ff_a, ff_b, ff_out
 };
 
 class Block {
@@ -69,22 +59,22 @@ class Block {
         UlyssesAttention& attention);
 
   BlockActivations allocate_activations(const BlockShape& shape) const;
-  BlockScratch allocate_scratch(const BlockShape& shape) const;
 
-  // out[R, C] = block(x[R, C]); fills acts.
+  // out[R, C] = block(x[R, C]); fills acts. Working buffers live only as long as the part of
+  // the block that uses them.
   void forward(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
-               const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const;
+               const Tensor& out, BlockActivations& acts) const;
   // memory.activation_checkpointing: fills acts again for the backward. A tiled MLP is left
   // out (its backward recomputes each tile), and then nothing is written to out, which may
   // be empty (mlp_recomputed_by_backward).
   void recompute(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
-                 const Tensor& out, BlockActivations& acts, BlockScratch& scratch) const;
+                 const Tensor& out, BlockActivations& acts) const;
   // Whether the backward recomputes the MLP of this many rows itself (memory.tiled_mlp).
   bool mlp_recomputed_by_backward(int64_t rows) const { return mlp_tiles(rows) > 1; }
-  // dresidual holds d(out) on entry and d(x) on return; weight gradients accumulate.
+  // dresidual holds d(out) on entry and d(x) on return; weight gradients accumulate. acts
+  // is spent: the backward overwrites the MLP's intermediates with their gradients.
   void backward(const LayerTensors& weights, const LayerTensors& grads, const BlockShape& shape,
-                const Tensor& x, BlockActivations& acts, BlockScratch& scratch,
-                const Tensor& dresidual) const;
+                const Tensor& x, BlockActivations& acts, const Tensor& dresidual) const;
 
  private:
   // The MLP's intermediates for some rows: a (llama gate, gpt2 fc), b (llama up), out
@@ -92,20 +82,40 @@ class Block {
   struct MlpBuffers {
     Tensor a, b, out;
   };
+  // memory.tiled_mlp: one tile's buffers, reused by every tile. mid and norm [tile, C] are
+  // the tile's rows of the residual after attention and of the MLP norm's output.
+  struct MlpTile {
+    Buffer mid, norm, a, b, out;
+    MlpBuffers first(int64_t rows) const;
+  };
   // memory.tiled_mlp as a tile count for this many rows (1: untiled).
   int64_t mlp_tiles(int64_t rows) const;
-  MlpBuffers scratch_tile(const BlockScratch& scratch, int64_t rows) const;
+  MlpTile allocate_mlp_tile(int64_t tile_rows, bool with_mid) const;
   // The intermediates of in's rows, then out += down projection (+ bias).
   void recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const;
   void mlp_forward(const LayerTensors& w, const Tensor& in, const Tensor& out,
                    const MlpBuffers& mlp) const;
+  // dout[r, C] is d(out) of in's rows. The intermediates are overwritten by their gradients
+  // and in by d(in); the weight gradients accumulate.
   void mlp_backward(const LayerTensors& w, const LayerTensors& g, const Tensor& in,
-                    const MlpBuffers& mlp, const Tensor& dout, const Tensor& din, const Tensor& d_a,
-                    const Tensor& d_b) const;
-  // forward and recompute: with_mlp false stops after the MLP's norm.
+                    const MlpBuffers& mlp, const Tensor& dout) const;
+  // mid[r, C] = x + attention output · o_weightᵀ (+ bias), for some rows.
+  void attention_residual(const LayerTensors& w, const Tensor& x, const Tensor& attn_out,
+                          const Tensor& mid) const;
+  // acts.norm1 when kept, else norm(x) in `made`, which the caller frees when done with it.
+  Tensor attention_norm(const LayerTensors& w, const Tensor& x, BlockActivations& acts,
+                        Buffer& made) const;
+  // The attention of norm1 into acts.attn_out (and acts.attention).
+  void attention_forward(const LayerTensors& w, const BlockShape& shape, const Tensor& norm1,
+                         BlockActivations& acts) const;
+  // d(attention output) from dresidual (= d(mid)) through the attention into dnorm (d of
+  // norm1, overwritten); the o, q, k and v weight gradients accumulate.
+  void attention_backward(const LayerTensors& w, const LayerTensors& g, const BlockShape& shape,
+                          const Tensor& norm1, BlockActivations& acts, const Tensor& dresidual,
+                          const Tensor& dnorm) const;
+  // forward and recompute: recomputing stops after the attention when the MLP is tiled.
   void forward_pass(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
-                    const Tensor& out, BlockActivations& acts, BlockScratch& scratch,
-                    bool with_mlp) const;
+                    const Tensor& out, BlockActivations& acts, bool recomputing) const;
   // Attention in head stages (core/staged_attention.h): parallel.head_chunks > 1.
   bool staged() const { return attention_.head_chunks() > 1; }
   // Forward FLOPs of the q/k/v projections and of the MLP over `rows` tokens (backward: 2×).
@@ -126,6 +136,8 @@ class Block {
   bool swiglu_;    // SwiGLU MLP (gate, up, down), else GELU (fc, proj)
   bool rms_norm_;  // RMSNorm, else LayerNorm (with a mean and a bias)
   bool rope_;      // rotary q and k, else positions are learned embeddings (core/model.cpp)
+  // memory.activation_checkpointing: norm1 is made for each use instead of kept.
+  bool checkpointing_;
 };
 
 // out[R, O] = in[R, I] · weight[O, I]ᵀ (+ bias[O])

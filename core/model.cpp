@@ -57,15 +57,9 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
   }
   for (int i = 0; i < (recompute_ ? 1 : model_config_.n_layers); ++i)
     acts_.push_back(block_.allocate_activations(shape_));
-  final_norm_out_ =
-      backend.alloc(MemCategory::activations, backend.compute_dtype(), {rows, C}, "final norm");
   final_rstd_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm rstd");
   if (architecture(model_config_.family).norm == NormKind::layer)
     final_mean_ = backend.alloc(MemCategory::activations, DType::f32, {rows}, "final norm mean");
-  scratch_ = block_.allocate_scratch(shape_);
-  dresidual_ =
-      backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C}, "d residual");
-  dhidden_ = backend.alloc(MemCategory::workspace, backend.compute_dtype(), {rows, C}, "d hidden");
 }
 
 void Model::init_weights(uint64_t seed) {
@@ -162,7 +156,7 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
     // The output goes where the input of layer - 1 was: its copy out must be done.
     if (offload_moves_ && layer >= 1) backend_.wait_transfer(offloaded_[size_t(layer - 1)]);
     block_.forward(layer_view(layer, false), shape_, block_input(layer), block_input(layer + 1),
-                   activations(layer), scratch_);
+                   activations(layer));
     if (offload_moves_ && layer + 1 < model_config_.n_layers)
       offloaded_[size_t(layer + 1)] = last_transfer_ =
           backend_.transfer(host_inputs_[size_t(layer + 1)], block_input(layer + 1));
@@ -173,6 +167,9 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
 
 void Model::final_norm_forward() {
   const Tensor& x = block_input(model_config_.n_layers).tensor();
+  final_norm_out_.reset();
+  final_norm_out_ = backend_.alloc(MemCategory::activations, backend_.compute_dtype(),
+                                   {x.dim(0), model_config_.d_model}, "final norm");
   const float eps = float(model_config_.norm_eps);
   if (architecture(model_config_.family).norm == NormKind::rms) {
     backend_.rmsnorm_forward(final_norm_out_, final_rstd_, x, weight(R::final_norm_weight), eps);
@@ -182,14 +179,14 @@ void Model::final_norm_forward() {
   }
 }
 
-void Model::final_norm_backward(const Tensor& dhidden) {
+void Model::final_norm_backward(const Tensor& dhidden, const Tensor& dresidual) {
   const Tensor& x = block_input(model_config_.n_layers).tensor();
-  backend_.fill_zero(dresidual_);
+  backend_.fill_zero(dresidual);
   if (architecture(model_config_.family).norm == NormKind::rms) {
-    backend_.rmsnorm_backward(dresidual_, gradient(R::final_norm_weight), dhidden, x,
+    backend_.rmsnorm_backward(dresidual, gradient(R::final_norm_weight), dhidden, x,
                               weight(R::final_norm_weight), final_rstd_);
   } else {
-    backend_.layernorm_backward(dresidual_, gradient(R::final_norm_weight),
+    backend_.layernorm_backward(dresidual, gradient(R::final_norm_weight),
                                 gradient(R::final_norm_bias), dhidden, x,
                                 weight(R::final_norm_weight), final_mean_, final_rstd_);
   }
@@ -212,17 +209,27 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   // The LM head's loss gives its weight gradient and d(final norm output) at once.
   weights.take(unit_of(lm_head_role()));
   grads.take(unit_of(lm_head_role()));
+  // The [R, C] buffers outside the blocks live only as long as they are needed: the final
+  // norm's output until the loss has read it, d(hidden) until the final norm's backward, and
+  // d(residual) from there through every block to the embedding (docs/memory.md).
+  const int64_t rows = shape_.batch * shape_.seq_local;
   LossResult loss;
+  Buffer dhidden = backend_.alloc(MemCategory::workspace, backend_.compute_dtype(),
+                                  {rows, model_config_.d_model}, "d hidden");
   {
     Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
                           lm_head_flops(true));
     loss = backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
-                                 memory_.loss_tile_tokens, grad_scale, dhidden_,
+                                 memory_.loss_tile_tokens, grad_scale, dhidden,
                                  gradient(lm_head_role()));
   }
+  final_norm_out_.reset();
   weights.take(unit_of(R::final_norm_weight));
   grads.take(unit_of(R::final_norm_weight));
-  final_norm_backward(dhidden_);
+  Buffer dresidual = backend_.alloc(MemCategory::workspace, backend_.compute_dtype(),
+                                    {rows, model_config_.d_model}, "d residual");
+  final_norm_backward(dhidden, dresidual);
+  dhidden.reset();
 
   int64_t input_back = 0;  // offload_moves_: the copy that brings this layer's input back
   for (int layer = model_config_.n_layers - 1; layer >= 0; --layer) {
@@ -245,10 +252,10 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
       block_.recompute(
           layer_weights, shape_, block_input(layer),
           offload_moves_ ? recompute_out_.tensor() : residuals_[size_t(layer + 1)].tensor(),
-          acts_[0], scratch_);
+          acts_[0]);
     }
     block_.backward(layer_weights, layer_view(layer, true), shape_, block_input(layer),
-                    activations(layer), scratch_, dresidual_);
+                    activations(layer), dresidual);
   }
 
   weights.take(unit_of(R::token_embedding));
@@ -257,7 +264,7 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
     backend_.embedding_backward(
         gradient(R::token_embedding), gradient(R::position_embedding),
-        dresidual_.tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
+        dresidual.tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
         tokens_, shape_.pos_offset);
   }
   grads.finish();
@@ -271,8 +278,10 @@ LossResult Model::evaluate(const MicroBatch& batch) {
   weights.take(unit_of(lm_head_role()));
   Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
                         lm_head_flops(false));
-  return backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
-                               memory_.loss_tile_tokens, 1.0f, Tensor(), Tensor());
+  const LossResult loss = backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
+                                                memory_.loss_tile_tokens, 1.0f, Tensor(), Tensor());
+  final_norm_out_.reset();
+  return loss;
 }
 
 std::vector<float> Model::logits(const MicroBatch& batch, const std::vector<int64_t>& rows) {
@@ -293,6 +302,7 @@ std::vector<float> Model::logits(const MicroBatch& batch, const std::vector<int6
                   weight(lm_head_role()), true, row_logits, 1.0f, 0.0f);
     backend_.download(host.data() + i * size_t(vocab), row_logits);
   }
+  final_norm_out_.reset();
   return host;
 }
 

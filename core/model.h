@@ -90,7 +90,7 @@ class Model {
   // gradients on top).
   double lm_head_flops(bool backward) const;
   void final_norm_forward();
-  void final_norm_backward(const Tensor& dhidden);
+  void final_norm_backward(const Tensor& dhidden, const Tensor& dresidual);
 
   const ModelConfig& model_config_;
   const MemoryConfig& memory_;
@@ -119,9 +119,8 @@ class Model {
   std::vector<int64_t> offloaded_;  // the transfer that copies out each layer's input
   int64_t last_transfer_ = 0;
   std::vector<BlockActivations> acts_;  // per block, or one set shared by all when recomputing
-  Buffer final_norm_out_, final_mean_, final_rstd_;
-  BlockScratch scratch_;
-  Buffer dresidual_, dhidden_;  // [R, C]
+  Buffer final_norm_out_;  // [R, C], from the final norm's forward until the loss has read it
+  Buffer final_mean_, final_rstd_;
 };
 
 }  // namespace ulysses

@@ -112,6 +112,35 @@ StageHeads project_and_exchange(Backend& backend, UlyssesAttention& attention,
   return finish_stage(attention, flight);
 }
 
+// The gradient of stage s's attention output, in the layout of a stage's q projection:
+// block p = dresidual · o_weight[:, the columns of rank p's stage heads]. Those columns are
+// copied out of o_weight [C, H·d] first, one rank's at a time, so the GEMM reads them whole.
+Buffer stage_output_gradient(Backend& backend, const UlyssesAttention& attention,
+                             const StagedAttentionInputs& in, const Tensor& dresidual,
+                             const Tensor& o_weight, int stage, int64_t d) {
+  const int P = attention.ranks();
+  const int64_t rows = in.shape.batch * in.shape.seq_local, n = attention.stage_q_heads();
+  const int64_t C = o_weight.dim(0), width = o_weight.dim(1);
+  const size_t element = dtype_size(o_weight.dtype);
+  Buffer send = backend.alloc(MemCategory::comm, backend.compute_dtype(),
+                              {P, in.shape.batch, in.shape.seq_local, n * d},
+                              "ulysses all-to-all send (stage d output)");
+  Buffer columns = backend.alloc(MemCategory::comm, o_weight.dtype, {C, n * d},
+                                 "output projection columns (stage)");
+  Profiler::Scope scope(backend.profiler(), phase::kOutputProjection, Profiler::Kind::compute, 0,
+                        2.0 * double(P) * double(rows) * double(C) * double(n * d));
+  for (int p = 0; p < P; ++p) {
+    const int64_t first = attention.stage_q_first(p, stage);
+    backend.copy_2d(columns.tensor().data, int64_t(n * d * element),
+                    static_cast<const char*>(o_weight.data) + first * d * int64_t(element),
+                    int64_t(width * element), int64_t(n * d * element), C);
+    backend.gemm(dresidual, false, columns, false,
+                 send.tensor().flat_range(p * rows * n * d, rows * n * d).reshape({rows, n * d}),
+                 1.0f, 0.0f);
+  }
+  return send;
+}
+
 double stage_attention_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t d) {
   return 2.0 * double(batch) * double(heads) * double(tokens) * double(tokens) * double(d);
 }
@@ -155,8 +184,8 @@ void staged_attention_forward(Backend& backend, UlyssesAttention& attention,
 
 void staged_attention_backward(Backend& backend, UlyssesAttention& attention,
                                const StagedAttentionInputs& in, const QkvTensors& grads,
-                               const Tensor& out, const Tensor& lse, const Tensor& dout,
-                               const Tensor& dnorm) {
+                               const Tensor& out, const Tensor& lse, const Tensor& dresidual,
+                               const Tensor& o_weight, const Tensor& dnorm) {
   const int64_t d = head_dim(in.weights, attention);
   const int P = attention.ranks();
   const int64_t B = in.shape.batch, Tl = in.shape.seq_local, N = Tl * P;
@@ -175,7 +204,8 @@ void staged_attention_backward(Backend& backend, UlyssesAttention& attention,
     HeadExchange o = attention.start_stage_to_heads(out, stage, stage_out);
     Buffer stage_dout =
         backend.alloc(MemCategory::attention, dt, {B, N, hs, d}, "stage dout (all tokens)");
-    HeadExchange g = attention.start_stage_to_heads(dout, stage, stage_dout);
+    HeadExchange g = attention.start_packed_to_heads(
+        stage_output_gradient(backend, attention, in, dresidual, o_weight, stage, d), stage_dout);
     attention.finish(o);
     attention.finish(g);
     Buffer dq = backend.alloc(MemCategory::attention, dt, {B, N, hs, d}, "stage dq (all tokens)");

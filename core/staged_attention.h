@@ -28,11 +28,14 @@ void staged_attention_forward(Backend& backend, UlyssesAttention& attention,
                               const StagedAttentionInputs& in, const Tensor& out,
                               const Tensor& lse);
 
-// dout[B, Tl, H, d] → dnorm[R, C] (overwritten) and the q/k/v weight and bias gradients
-// (accumulated into grads); out and lse as the forward left them.
+// d(mid)[R, C] → dnorm[R, C] (overwritten) and the q/k/v weight and bias gradients
+// (accumulated into grads); out and lse as the forward left them. Each stage makes the
+// gradient of its heads' attention output, dresidual · o_weight[:, its columns], straight
+// into the all-to-all's send buffer: the whole [R, H·d] d(out) never exists. The output
+// projection's own weight gradient is the caller's.
 void staged_attention_backward(Backend& backend, UlyssesAttention& attention,
                                const StagedAttentionInputs& in, const QkvTensors& grads,
-                               const Tensor& out, const Tensor& lse, const Tensor& dout,
-                               const Tensor& dnorm);
+                               const Tensor& out, const Tensor& lse, const Tensor& dresidual,
+                               const Tensor& o_weight, const Tensor& dnorm);
 
 }  // namespace ulysses

@@ -11,6 +11,15 @@
 
 namespace ulysses {
 
+namespace {
+
+// The very same elements: an elementwise op may write an output over its own input.
+bool same_memory(const Tensor& a, const Tensor& b) {
+  return a.data == b.data && a.numel() == b.numel();
+}
+
+}  // namespace
+
 // ---- the op fronts: contract, then implementation -----------------------------------------
 
 void Backend::require_apart(const char* op, std::initializer_list<contracts::NamedTensor> outputs,
@@ -145,7 +154,14 @@ void Backend::swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor
 void Backend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                               const Tensor& gate, const Tensor& up) {
   contracts::check_swiglu_backward(dgate, dup, dout, gate, up);
-  require_apart("swiglu_backward", {{dgate, "dgate"}, {dup, "dup"}}, {{gate, "gate"}, {up, "up"}});
+  // dgate may be gate itself and dup up itself (each element is read before it is written),
+  // which lets an MLP's backward overwrite its intermediates with their gradients.
+  const char* op = "swiglu_backward";
+  require_apart(op, {{dgate, "dgate"}, {dup, "dup"}}, {});
+  if (!same_memory(dgate, gate)) require_apart(op, {{dgate, "dgate"}}, {{gate, "gate"}});
+  if (!same_memory(dup, up)) require_apart(op, {{dup, "dup"}}, {{up, "up"}});
+  require_apart(op, {{dgate, "dgate"}}, {{up, "up"}});
+  require_apart(op, {{dup, "dup"}}, {{gate, "gate"}});
   swiglu_backward_impl(dgate, dup, dout, gate, up);
 }
 

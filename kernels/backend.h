@@ -157,7 +157,8 @@ class Backend {
   void rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse);
   // out = silu(gate) * up, all [R, F]
   void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
-  // dgate, dup overwritten; dout may be the same memory as dgate or dup (elementwise)
+  // dgate, dup overwritten; dout may be the same memory as dgate or dup, and dgate and dup
+  // may be gate and up themselves (elementwise)
   void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                        const Tensor& gate, const Tensor& up);
   // tanh-approximation GELU (GPT-2)

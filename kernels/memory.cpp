@@ -1,5 +1,6 @@
 #include "kernels/memory.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace ulysses {
@@ -49,6 +50,11 @@ bool is_device_memory(MemCategory category) {
   return category != MemCategory::checkpoints_host;
 }
 
+bool is_working_memory(MemCategory category) {
+  return is_device_memory(category) && category != MemCategory::params &&
+         category != MemCategory::grads && category != MemCategory::optimizer;
+}
+
 void MemoryTracker::charge(MemCategory category, int64_t bytes, const std::string& what) {
   const int64_t device_bytes = is_device_memory(category) ? bytes : 0;
   if (limit_bytes_ > 0 && device_bytes > 0 && stats_.total_current + device_bytes > limit_bytes_) {
@@ -62,16 +68,22 @@ void MemoryTracker::charge(MemCategory category, int64_t bytes, const std::strin
   stats_.total_current += device_bytes;
   if (stats_.current[index] > stats_.peak[index]) stats_.peak[index] = stats_.current[index];
   if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
+  if (is_working_memory(category)) {
+    stats_.working_current += bytes;
+    stats_.working_peak = std::max(stats_.working_peak, stats_.working_current);
+  }
 }
 
 void MemoryTracker::release(MemCategory category, int64_t bytes) {
   stats_.current[int(category)] -= bytes;
   if (is_device_memory(category)) stats_.total_current -= bytes;
+  if (is_working_memory(category)) stats_.working_current -= bytes;
 }
 
 void MemoryTracker::reset_peaks() {
   stats_.peak = stats_.current;
   stats_.total_peak = stats_.total_current;
+  stats_.working_peak = stats_.working_current;
 }
 
 std::string MemoryTracker::describe_current() const {

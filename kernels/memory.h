@@ -35,12 +35,18 @@ class OutOfMemoryError : public std::runtime_error {
 // Whether the category is the backend's own memory (the GPU's on cuda): everything but
 // checkpoints_host. The totals and memory.limit_gib count those only.
 bool is_device_memory(MemCategory category);
+// A device category outside the model state: what MemoryStats::working_* count.
+bool is_working_memory(MemCategory category);
 
 struct MemoryStats {
   std::array<int64_t, kNumMemCategories> current{};
   std::array<int64_t, kNumMemCategories> peak{};
   int64_t total_current = 0;  // device categories
   int64_t total_peak = 0;
+  // Device bytes outside the model state (params, grads, optimizer): activations, their
+  // checkpoints and every working buffer, collective staging included, at one time.
+  int64_t working_current = 0;
+  int64_t working_peak = 0;
 };
 
 class MemoryTracker {

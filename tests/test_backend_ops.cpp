@@ -513,6 +513,12 @@ TEST_P(BackendOps, SwiGlu) {
             return weighted_sum(reference(to_double(gate), p), dout);
           },
           gradient_tolerance(dtype), "dup");
+      // Fully in place, as the tiled MLP's backward runs it: dgate over gate, dup over up.
+      Buffer gate_in_place = put(dtype, {n}, gate), up_in_place = put(dtype, {n}, up);
+      Buffer dout_b = put(dtype, {n}, dout);
+      backend().swiglu_backward(gate_in_place, up_in_place, dout_b, gate_in_place, up_in_place);
+      EXPECT_EQ(get(gate_in_place), get(dgate)) << "dgate written over gate";
+      EXPECT_EQ(get(up_in_place), get(dup)) << "dup written over up";
     }
 }
 

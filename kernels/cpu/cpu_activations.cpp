@@ -165,11 +165,13 @@ void CpuBackend::swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, co
   // silu(g) = g s(g), silu'(g) = s(g) (1 + g (1 - s(g))).
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float sigmoid = 1.0f / (1.0f + cpu::fast_exp(-g[i]));
-    const float silu = g[i] * sigmoid;
-    const float grad_out = go[i];  // read before writing: dout may alias dup or dgate
+    // Every input is read before either output is written: dout may be the memory of dgate
+    // or dup, and dgate and dup may be gate and up themselves.
+    const float gate_in = g[i], up_in = u[i], grad_out = go[i];
+    const float sigmoid = 1.0f / (1.0f + cpu::fast_exp(-gate_in));
+    const float silu = gate_in * sigmoid;
     du[i] = grad_out * silu;
-    dg[i] = formulas::swiglu_gate_gradient(grad_out, u[i], g[i], sigmoid);
+    dg[i] = formulas::swiglu_gate_gradient(grad_out, up_in, gate_in, sigmoid);
   }
 }
 
