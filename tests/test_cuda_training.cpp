@@ -30,12 +30,15 @@ std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason, AttentionKe
   }
 }
 
-Config training_config(const std::string& family) {
+Config training_config(const std::string& family,
+                       const std::string& memory = "loss_tile_tokens: 64") {
   const std::string kv = family == "llama" ? ", n_kv_heads: 2" : "";
   return parse_config("model: {family: " + family + ", n_layers: 2, d_model: 128, n_heads: 4" + kv +
                           ", d_ff: 256, vocab_size: 300, max_seq_len: 160, rope_theta: 10000}\n"
                           "train: {batch_size: 2, seq_len: 160, lr: 0.001, weight_decay: 0.1}\n"
-                          "memory: {loss_tile_tokens: 64}\n"
+                          "memory: {" +
+                          memory +
+                          "}\n"
                           "data: {source: synthetic, n_pairs: 1, n_queries: 1, n_keys: 4, "
                           "n_values: 4, n_filler: 4}\n",
                       {}, "cuda-training.yaml");
@@ -54,6 +57,28 @@ TEST_P(CudaTraining, OneStepMatchesCpuWithinBf16Tolerances) {
   const std::vector<float> weights = random_weights(table, 21);
   const MicroBatch micro = random_micro_batch(config, 5);
   const StepOutcome expected = train_steps(*cpu, config, micro, weights, 1)[0];
+  const StepOutcome actual = train_steps(*gpu, config, micro, weights, 1)[0];
+  expect_step_matches(actual, expected, table, config.train.lr, 1);
+}
+
+// Layer inputs copied to pinned host memory on a side stream and brought back one layer ahead
+// (docs/memory.md), a tiled MLP whose backward recomputes each tile, and the recompute pass
+// that stops before it: the step still matches the cpu's, which keeps everything in place.
+TEST_P(CudaTraining, WithOffloadedInputsAndATiledMlpOneStepMatchesCpu) {
+  std::string reason;
+  std::unique_ptr<Backend> gpu = cuda_backend_or_reason(reason, std::get<1>(GetParam()));
+  if (!gpu) GTEST_SKIP() << reason;
+  auto cpu = make_backend(BackendKind::cpu, 0);
+  const Config config = training_config(std::get<0>(GetParam()),
+                                        "loss_tile_tokens: 64, activation_checkpointing: layer, "
+                                        "offload_checkpoints: true, tiled_mlp: 3");
+  const ParamTable table(config.model);
+  const std::vector<float> weights = random_weights(table, 21);
+  const MicroBatch micro = random_micro_batch(config, 5);
+  Config kept = config;
+  kept.memory = MemoryConfig();
+  kept.memory.loss_tile_tokens = 64;
+  const StepOutcome expected = train_steps(*cpu, kept, micro, weights, 1)[0];
   const StepOutcome actual = train_steps(*gpu, config, micro, weights, 1)[0];
   expect_step_matches(actual, expected, table, config.train.lr, 1);
 }

@@ -21,12 +21,14 @@ using namespace training_test;
 
 // Head dim 8; 17 tokens: not a multiple of a warp or the 64-row attention tile; loss tiles of
 // 16 rows, so the last tile is partial.
-Config tiny_config(const std::string& family) {
+Config tiny_config(const std::string& family, const std::string& memory = "loss_tile_tokens: 16") {
   const std::string kv = family == "llama" ? ", n_kv_heads: 2" : "";
   return parse_config("model: {family: " + family + ", n_layers: 1, d_model: 32, n_heads: 4" + kv +
                           ", d_ff: 64, vocab_size: 50, max_seq_len: 17, rope_theta: 10000}\n"
                           "train: {batch_size: 2, seq_len: 17, lr: 0.001, weight_decay: 0.1}\n"
-                          "memory: {loss_tile_tokens: 16}\n"
+                          "memory: {" +
+                          memory +
+                          "}\n"
                           "data: {source: synthetic, n_pairs: 1, n_queries: 1, n_keys: 4, "
                           "n_values: 4, n_filler: 4}\n",
                       {}, "emulated-cuda-training.yaml");
@@ -46,6 +48,25 @@ TEST_P(EmulatedCudaTraining, TwoStepsMatchCpuWithinBf16Tolerances) {
   const std::vector<StepOutcome> actual = train_steps(*emulated, config, micro, weights, steps);
   for (int step = 0; step < steps; ++step)
     expect_step_matches(actual[step], expected[step], table, config.train.lr, step + 1);
+}
+
+// Two layers checkpointed, the MLP in 3 tiles of rows (its backward recomputes each tile and
+// writes the gradients over the intermediates, SwiGLU's in place): the cpu keeps everything.
+TEST_P(EmulatedCudaTraining, CheckpointedWithATiledMlpMatchesCpu) {
+  auto cpu = make_backend(BackendKind::cpu, 0);
+  auto emulated = make_emulated_cuda_backend();
+  Config config = tiny_config(
+      GetParam(), "loss_tile_tokens: 16, activation_checkpointing: layer, tiled_mlp: 3");
+  config.model.n_layers = 2;
+  Config kept = config;
+  kept.memory = MemoryConfig();
+  kept.memory.loss_tile_tokens = 16;
+  const ParamTable table(config.model);
+  const std::vector<float> weights = random_weights(table, 21);
+  const MicroBatch micro = random_micro_batch(config, 5);
+  const StepOutcome expected = train_steps(*cpu, kept, micro, weights, 1)[0];
+  const StepOutcome actual = train_steps(*emulated, config, micro, weights, 1)[0];
+  expect_step_matches(actual, expected, table, config.train.lr, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EmulatedCudaTraining,
