@@ -79,8 +79,8 @@ int run_plan_command(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.footer(
       "Option sets, cheapest first, each keeping the ones before: none, ZeRO-1/2/3 (world > 1), "
-      "layer checkpointing, tiled MLP (auto), head chunks (the most the heads allow), offload "
-      "(cpu only: refused on cuda). Docs: docs/memory.md (\"The planner\").");
+      "layer checkpointing, tiled MLP (auto), head chunks (the most the heads allow), offloaded "
+      "layer inputs. Docs: docs/memory.md (\"The planner\").");
   try {
     app.parse(argc - 1, argv + 1);  // argv[1] is "plan"
   } catch (const CLI::ParseError& error) {

@@ -198,9 +198,9 @@ def main():
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run")
     parser.add_argument("--set", action="append", help="extra trainer override key=value")
     parser.add_argument("--out", default="sweep")
-    parser.add_argument("--from-csv", action="append",
-                        help="draw the plots of earlier sweeps' sweep.csv files (repeatable) "
-                             "into --out instead of running")
+    parser.add_argument("--from-csv", action="extend", nargs="+",
+                        help="draw the plots of earlier sweeps' sweep.csv files (one or more, "
+                             "repeatable) into --out instead of running")
     args = parser.parse_args()
     if args.from_csv:
         os.makedirs(args.out, exist_ok=True)
