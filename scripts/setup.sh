@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config git
           openmpi-bin libopenmpi-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
-          libopenblas-dev libopenblas0-pthread nlohmann-json3-dev libgtest-dev
+          libopenblas-dev nlohmann-json3-dev libgtest-dev
+          libopenblas0-openmp   # the GEMMs on the kernels' OpenMP threads (docs/performance.md)
+          libopenblas0-pthread  # python3-torch's, 10x faster than the serial build
           python3 python3-torch gnuplot-nox
           clang libclang-rt-14-dev libomp-dev)  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP
 missing=()

@@ -182,6 +182,19 @@ INSTANTIATE_TEST_SUITE_P(AllTransposes, CpuGemm,
                          ::testing::Values(GemmCase{false, false}, GemmCase{false, true},
                                            GemmCase{true, false}, GemmCase{true, true}));
 
+// The build links OpenBLAS's OpenMP variant ahead of Debian's pthreads default (CMakeLists.txt),
+// so GEMMs and the other cpu ops share one team of threads instead of contending for the
+// cores (docs/performance.md, "Threads").
+TEST(CpuGemmThreads, GemmsRunOnTheOpenMpThreadsOfTheOtherOps) {
+#ifndef ULYSSES_OPENBLAS_OPENMP
+  GTEST_SKIP() << "built without libopenblas0-openmp (CMake warned): the GEMMs use OpenBLAS's "
+                  "own threads";
+#endif
+  EXPECT_TRUE(CpuBackend::blas_uses_openmp())
+      << "linked against OpenBLAS's OpenMP build, but another OpenBLAS was loaded: check the "
+         "run path of the executable";
+}
+
 TEST(CpuGemmShapes, MismatchThrowsWithShapes) {
   CpuBackend backend;
   Buffer a = backend.alloc(MemCategory::activations, DType::f32, {5, 7}, "a");

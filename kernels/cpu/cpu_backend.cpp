@@ -23,6 +23,11 @@ void CpuBackend::set_num_threads(int threads) {
   openblas_set_num_threads(threads);
 }
 
+bool CpuBackend::blas_uses_openmp() {
+  constexpr int kOpenBlasOpenMp = 2;  // openblas_get_parallel(): 0 serial, 1 pthreads
+  return openblas_get_parallel() == kOpenBlasOpenMp;
+}
+
 void* CpuBackend::raw_alloc(size_t bytes) {
   constexpr size_t kAlignment = 64;
   // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a

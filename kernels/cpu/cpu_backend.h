@@ -18,6 +18,9 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cpu); }
   void set_num_threads(int threads) override;
+  // Whether OpenBLAS runs its GEMMs on the OpenMP threads of the other cpu ops, rather than
+  // on a pool of its own that contends with them (docs/performance.md, "Threads").
+  static bool blas_uses_openmp();
 
   void* raw_alloc(size_t bytes) override;
   void raw_free(void* pointer) override;
