@@ -30,7 +30,7 @@ struct QkvTensors {
 QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width);
 
 // Everything a block keeps from forward for its backward (docs/memory.md, "Activation
-// memory per option").
+// memory for long sequences").
 struct BlockActivations {
   Buffer norm1, mean1, rstd1;  // [R, C], [R], [R]  (mean only for layernorm; norm1 not kept
                                // with layer checkpointing: the backward makes it again)
@@ -91,7 +91,8 @@ class Block {
   // memory.tiled_mlp as a tile count for this many rows (1: untiled).
   int64_t mlp_tiles(int64_t rows) const;
   MlpTile allocate_mlp_tile(int64_t tile_rows, bool with_mid) const;
-  // The intermediates of in's rows, then out += down projection (+ bias).
+  // recompute_mlp: the intermediates of in's rows; mlp_forward: those, then out += their
+  // down projection (+ bias).
   void recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const;
   void mlp_forward(const LayerTensors& w, const Tensor& in, const Tensor& out,
                    const MlpBuffers& mlp) const;
