@@ -1,8 +1,9 @@
 // The activation-memory options (docs/memory.md) proven on tracked bytes under mpirun with 2
 // and 4 ranks: head chunks (UPipe) cut the attention peak to about 1/U, a tiled MLP cuts the
 // MLP peak by the tile count and gives the untiled results, and with everything on
-// (ZeRO-3, layer checkpointing, offloaded layer inputs, one head per stage, tiled MLP) the
-// device memory of a step does not grow with the number of layers. Offloaded inputs that move
+// (ZeRO-3, layer checkpointing, offloaded layer inputs, one head per stage, tiled MLP) a
+// step's working memory is two layer inputs, four [R, C] buffers, a loss tile and one head
+// stage, whatever the number of layers. Offloaded inputs that move
 // (as on cuda; run here on a cpu backend told that its host memory is apart) give the same
 // bits and leave two layer inputs on the device.
 #include <gtest/gtest.h>
