@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU throughput benchmark (not a test): tokens/s and model FLOP/s as a fraction of this
-# machine's measured sgemm rate, for GPT-2 124M at T=1024 and a Llama config at T=4096.
+# machine's measured sgemm rate, for GPT-2 124M at T=1024 and a Llama config at T=4096, then
+# PyTorch's tokens/s on the same GPT-2 runs (scripts/bench_torch_gpt2.py) and the ratio.
 # Usage: scripts/bench-cpu.sh [steps]   (build first: scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,7 @@ runs=(
   "gpt2-124m B=4 T=1024|configs/gpt2-124m.yaml|--set train.batch_size=4 --set train.seq_len=1024"
   "llama-24m T=4096|configs/llama-tiny.yaml|--set model.n_layers=8 --set model.d_model=512 --set model.n_heads=8 --set model.n_kv_heads=4 --set model.d_ff=1408 --set train.batch_size=1 --set train.seq_len=4096 --set model.max_seq_len=4096 --set data.val_fraction=0.05"
 )
+declare -A ulysses_speed
 printf '\n| run | params | tokens/step | step s | tokens/s | model GFLOP/s | of sgemm | peak tracked |\n'
 printf '| --- | --- | --- | --- | --- | --- | --- | --- |\n'
 for entry in "${runs[@]}"; do
@@ -36,7 +38,7 @@ for entry in "${runs[@]}"; do
   width=$(echo "$plan" | awk '/^  d_model:/{print $2; exit}')
   seq=$(echo "$plan" | awk '/^  seq_len:/{print $2; exit}')
   # Steps after the first (warm-up); 6·N per token plus causal attention 6·L·C·T per token.
-  /usr/bin/python3 - "$metrics" "$params" "$layers" "$width" "$seq" "$gemm_gflops" "$name" <<'PY'
+  row=$(/usr/bin/python3 - "$metrics" "$params" "$layers" "$width" "$seq" "$gemm_gflops" "$name" <<'PY'
 import json, sys
 path, params, layers, width, seq, gemm, name = sys.argv[1:]
 params, layers, width, seq, gemm = int(params), int(layers), int(width), int(seq), float(gemm)
@@ -50,4 +52,25 @@ peak = max(l["mem_peak_bytes"]["total"] for l in lines) / 2**20
 print(f"| {name} | {params/1e6:.1f}M | {tokens} | {seconds:.2f} | {tokens/seconds:.0f} | "
       f"{gflops:.1f} | {100*gflops/gemm:.0f}% | {peak:.0f} MiB |")
 PY
+)
+  echo "$row"
+  ulysses_speed["$name"]=$(echo "$row" | awk -F'|' '{gsub(/ /, "", $6); print $6}')
 done
+
+# PyTorch on the same runs of GPT-2, in this invocation, so the comparison is a ratio of two
+# measurements on the same machine state (skipped when torch is missing).
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  printf '\n| run | PyTorch tokens/s | PyTorch peak RSS | ulysses tokens/s | ulysses / PyTorch |\n'
+  printf '| --- | --- | --- | --- | --- |\n'
+  for batch in 1 4; do
+    name="gpt2-124m B=$batch T=1024"
+    line=$(/usr/bin/python3 scripts/bench_torch_gpt2.py --batch "$batch" --seq 1024 \
+      --steps "$((steps < 2 ? 2 : steps))" --threads "$(nproc)")
+    torch_speed=$(echo "$line" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
+    torch_rss=$(echo "$line" | sed -n 's/.*peak RSS \([0-9.]* GiB\).*/\1/p')
+    awk -v n="$name" -v t="$torch_speed" -v r="$torch_rss" -v u="${ulysses_speed[$name]}" \
+      'BEGIN {printf "| %s | %s | %s | %s | %.2f |\n", n, t, r, u, u / t}'
+  done
+else
+  echo "bench-cpu: python3-torch is missing; no PyTorch baseline"
+fi
