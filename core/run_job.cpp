@@ -15,7 +15,6 @@
 #include "core/memory_plan.h"
 #include "core/metrics.h"
 #include "core/trainer.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "parallel/mesh.h"
 #include "parallel/watchdog.h"
 
@@ -83,12 +82,8 @@ void run_job(const JobOptions& options, Comm& world) {
         ulysses_version(), name_of(config.model.family), world.size(), mesh.dp_size, mesh.sp_size,
         world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
         job.progress_thread ? "a progress thread per rank" : "no progress thread");
-  if (world.rank() == 0 && dynamic_cast<CpuBackend*>(job.backend.get()) &&
-      !CpuBackend::blas_uses_openmp())
-    spdlog::warn(
-        "OpenBLAS runs its GEMMs on threads of its own, which contend with the other ops' "
-        "OpenMP threads for the cores (a step up to 2x slower; docs/performance.md, "
-        "\"Threads\"): install libopenblas0-openmp and build again");
+  const std::string setup_warning = job.backend->setup_warning();
+  if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";

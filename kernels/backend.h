@@ -56,6 +56,8 @@ class Backend {
   // Element type of weights and activations used in the forward pass (f32 on cpu).
   virtual DType compute_dtype() const = 0;
   virtual void set_num_threads(int threads) = 0;
+  // What in this backend's setup costs speed, as a sentence for the log; empty when nothing.
+  virtual std::string setup_warning() const { return ""; }
 
   MemoryTracker& memory() { return memory_; }
   const MemoryTracker& memory() const { return memory_; }

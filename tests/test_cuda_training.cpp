@@ -51,14 +51,8 @@ TEST_P(CudaTraining, OneStepMatchesCpuWithinBf16Tolerances) {
   std::string reason;
   std::unique_ptr<Backend> gpu = cuda_backend_or_reason(reason, std::get<1>(GetParam()));
   if (!gpu) GTEST_SKIP() << reason;
-  auto cpu = make_backend(BackendKind::cpu, 0);
   const Config config = training_config(std::get<0>(GetParam()));
-  const ParamTable table(config.model);
-  const std::vector<float> weights = random_weights(table, 21);
-  const MicroBatch micro = random_micro_batch(config, 5);
-  const StepOutcome expected = train_steps(*cpu, config, micro, weights, 1)[0];
-  const StepOutcome actual = train_steps(*gpu, config, micro, weights, 1)[0];
-  expect_step_matches(actual, expected, table, config.train.lr, 1);
+  expect_steps_match_cpu(*gpu, config, config, 1);
 }
 
 // Layer inputs copied to pinned host memory on a side stream and brought back one layer ahead
@@ -68,19 +62,10 @@ TEST_P(CudaTraining, WithOffloadedInputsAndATiledMlpOneStepMatchesCpu) {
   std::string reason;
   std::unique_ptr<Backend> gpu = cuda_backend_or_reason(reason, std::get<1>(GetParam()));
   if (!gpu) GTEST_SKIP() << reason;
-  auto cpu = make_backend(BackendKind::cpu, 0);
   const Config config = training_config(std::get<0>(GetParam()),
                                         "loss_tile_tokens: 64, activation_checkpointing: layer, "
                                         "offload_checkpoints: true, tiled_mlp: 3");
-  const ParamTable table(config.model);
-  const std::vector<float> weights = random_weights(table, 21);
-  const MicroBatch micro = random_micro_batch(config, 5);
-  Config kept = config;
-  kept.memory = MemoryConfig();
-  kept.memory.loss_tile_tokens = 64;
-  const StepOutcome expected = train_steps(*cpu, kept, micro, weights, 1)[0];
-  const StepOutcome actual = train_steps(*gpu, config, micro, weights, 1)[0];
-  expect_step_matches(actual, expected, table, config.train.lr, 1);
+  expect_steps_match_cpu(*gpu, config, with_default_memory(config), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -37,36 +37,19 @@ Config tiny_config(const std::string& family, const std::string& memory = "loss_
 class EmulatedCudaTraining : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EmulatedCudaTraining, TwoStepsMatchCpuWithinBf16Tolerances) {
-  auto cpu = make_backend(BackendKind::cpu, 0);
   auto emulated = make_emulated_cuda_backend();
   const Config config = tiny_config(GetParam());
-  const ParamTable table(config.model);
-  const std::vector<float> weights = random_weights(table, 21);
-  const MicroBatch micro = random_micro_batch(config, 5);
-  const int steps = 2;
-  const std::vector<StepOutcome> expected = train_steps(*cpu, config, micro, weights, steps);
-  const std::vector<StepOutcome> actual = train_steps(*emulated, config, micro, weights, steps);
-  for (int step = 0; step < steps; ++step)
-    expect_step_matches(actual[step], expected[step], table, config.train.lr, step + 1);
+  expect_steps_match_cpu(*emulated, config, config, 2);
 }
 
 // Two layers checkpointed, the MLP in 3 tiles of rows (its backward recomputes each tile and
 // writes the gradients over the intermediates, SwiGLU's in place): the cpu keeps everything.
 TEST_P(EmulatedCudaTraining, CheckpointedWithATiledMlpMatchesCpu) {
-  auto cpu = make_backend(BackendKind::cpu, 0);
   auto emulated = make_emulated_cuda_backend();
   Config config = tiny_config(
       GetParam(), "loss_tile_tokens: 16, activation_checkpointing: layer, tiled_mlp: 3");
   config.model.n_layers = 2;
-  Config kept = config;
-  kept.memory = MemoryConfig();
-  kept.memory.loss_tile_tokens = 16;
-  const ParamTable table(config.model);
-  const std::vector<float> weights = random_weights(table, 21);
-  const MicroBatch micro = random_micro_batch(config, 5);
-  const StepOutcome expected = train_steps(*cpu, kept, micro, weights, 1)[0];
-  const StepOutcome actual = train_steps(*emulated, config, micro, weights, 1)[0];
-  expect_step_matches(actual, expected, table, config.train.lr, 1);
+  expect_steps_match_cpu(*emulated, config, with_default_memory(config), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EmulatedCudaTraining,

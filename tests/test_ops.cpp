@@ -193,6 +193,7 @@ TEST(CpuGemmThreads, GemmsRunOnTheOpenMpThreadsOfTheOtherOps) {
   EXPECT_TRUE(CpuBackend::blas_uses_openmp())
       << "linked against OpenBLAS's OpenMP build, but another OpenBLAS was loaded: check the "
          "run path of the executable";
+  EXPECT_EQ(CpuBackend(0).setup_warning(), "");
 }
 
 TEST(CpuGemmShapes, MismatchThrowsWithShapes) {

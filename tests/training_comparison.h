@@ -117,4 +117,28 @@ inline void expect_step_matches(const StepOutcome& actual, const StepOutcome& ex
   EXPECT_GT(dot / std::sqrt(norm_actual * norm_expected), kMinGradCosine);
 }
 
+// `steps` steps of `backend` under `config` against the cpu backend's under `reference` (the
+// same model, e.g. with other memory options), from the same random weights and batch.
+inline void expect_steps_match_cpu(Backend& backend, const Config& config, const Config& reference,
+                                   int steps) {
+  auto cpu = make_backend(BackendKind::cpu, 0);
+  const ParamTable table(config.model);
+  const std::vector<float> weights = random_weights(table, 21);
+  const MicroBatch micro = random_micro_batch(config, 5);
+  const std::vector<StepOutcome> expected = train_steps(*cpu, reference, micro, weights, steps);
+  const std::vector<StepOutcome> actual = train_steps(backend, config, micro, weights, steps);
+  for (int step = 0; step < steps; ++step)
+    expect_step_matches(actual[size_t(step)], expected[size_t(step)], table, config.train.lr,
+                        step + 1);
+}
+
+// The config with every memory option at its default but the loss tile: the run that keeps
+// everything in place.
+inline Config with_default_memory(const Config& config) {
+  Config kept = config;
+  kept.memory = MemoryConfig();
+  kept.memory.loss_tile_tokens = config.memory.loss_tile_tokens;
+  return kept;
+}
+
 }  // namespace ulysses::training_test

@@ -28,6 +28,13 @@ bool CpuBackend::blas_uses_openmp() {
   return openblas_get_parallel() == kOpenBlasOpenMp;
 }
 
+std::string CpuBackend::setup_warning() const {
+  if (blas_uses_openmp()) return "";
+  return "OpenBLAS runs its GEMMs on threads of its own, which contend with the other ops' "
+         "OpenMP threads for the cores (a step up to 2x slower; docs/performance.md, "
+         "\"Threads\"): install libopenblas0-openmp and build again";
+}
+
 void* CpuBackend::raw_alloc(size_t bytes) {
   constexpr size_t kAlignment = 64;
   // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a

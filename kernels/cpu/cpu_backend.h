@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
   // Whether OpenBLAS runs its GEMMs on the OpenMP threads of the other cpu ops, rather than
   // on a pool of its own that contends with them (docs/performance.md, "Threads").
   static bool blas_uses_openmp();
+  std::string setup_warning() const override;
 
   void* raw_alloc(size_t bytes) override;
   void raw_free(void* pointer) override;
