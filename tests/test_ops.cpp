@@ -147,14 +147,16 @@ TEST(CpuElementwise, AxpyScaleSumSquares) {
 
 struct GemmCase {
   bool trans_a, trans_b;
+  CpuGemm gemm;
 };
 
-class CpuGemm : public ::testing::TestWithParam<GemmCase> {};
+class CpuGemmTest : public ::testing::TestWithParam<GemmCase> {};
 
-TEST_P(CpuGemm, MatchesDoubleReference) {
-  const auto [trans_a, trans_b] = GetParam();
+TEST_P(CpuGemmTest, MatchesDoubleReference) {
+  const auto [trans_a, trans_b, gemm] = GetParam();
   const int64_t m = 5, k = 7, n = 3;
   CpuBackend backend;
+  backend.use_gemm(gemm);
   const std::vector<float> a = random_floats(size_t(m * k), 10);
   const std::vector<float> b = random_floats(size_t(k * n), 11);
   const std::vector<float> c = random_floats(size_t(m * n), 12);
@@ -178,9 +180,67 @@ TEST_P(CpuGemm, MatchesDoubleReference) {
   EXPECT_LT(relative_error(read_f32(backend, cb), expected), 1e-6);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTransposes, CpuGemm,
-                         ::testing::Values(GemmCase{false, false}, GemmCase{false, true},
-                                           GemmCase{true, false}, GemmCase{true, true}));
+INSTANTIATE_TEST_SUITE_P(AllTransposes, CpuGemmTest,
+                         ::testing::Values(GemmCase{false, false, CpuGemm::openblas},
+                                           GemmCase{false, true, CpuGemm::openblas},
+                                           GemmCase{true, false, CpuGemm::openblas},
+                                           GemmCase{true, true, CpuGemm::openblas},
+                                           GemmCase{false, false, CpuGemm::portable},
+                                           GemmCase{false, true, CpuGemm::portable},
+                                           GemmCase{true, false, CpuGemm::portable},
+                                           GemmCase{true, true, CpuGemm::portable}));
+
+// The portable GEMM's contract (kernels/cpu/portable_gemm.h), bit for bit: each element is
+// alpha · (((0 + a₀b₀) + a₁b₁) + ...) + beta · c with every operation rounded to fp32, for
+// every transpose, shapes that cross its blocks of rows, columns and k, and 1 to 3 threads.
+TEST(CpuPortableGemm, SumsOverKInOrderWithEveryOperationRoundedForAnyThreadCount) {
+  const int64_t m = 70, k = 300, n = 130;  // blocks of 32 rows, 64 columns, 128 of k
+  const std::vector<float> a = random_floats(size_t(m * k), 20);
+  const std::vector<float> b = random_floats(size_t(k * n), 21);
+  const std::vector<float> c = random_floats(size_t(m * n), 22);
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      std::vector<float> expected(size_t(m * n));
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          // volatile: the test's own build must not fuse these into an FMA either.
+          volatile float sum = 0.0f;
+          for (int64_t p = 0; p < k; ++p) {
+            volatile float product =
+                (trans_a ? a[p * m + i] : a[i * k + p]) * (trans_b ? b[j * k + p] : b[p * n + j]);
+            sum = sum + product;
+          }
+          volatile float scaled_sum = 0.5f * sum;
+          volatile float scaled_c = -2.0f * c[i * n + j];
+          expected[size_t(i * n + j)] = scaled_sum + scaled_c;
+        }
+      }
+      for (const int threads : {1, 2, 3}) {
+        CpuBackend backend;
+        backend.use_gemm(CpuGemm::portable);
+        backend.set_num_threads(threads);
+        Buffer ab = trans_a ? make_f32(backend, {k, m}, a) : make_f32(backend, {m, k}, a);
+        Buffer bb = trans_b ? make_f32(backend, {n, k}, b) : make_f32(backend, {k, n}, b);
+        Buffer cb = make_f32(backend, {m, n}, c);
+        backend.gemm(ab, trans_a, bb, trans_b, cb, 0.5f, -2.0f);
+        EXPECT_EQ(read_f32(backend, cb), expected)
+            << "trans_a " << trans_a << " trans_b " << trans_b << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+// With beta = 0, c is overwritten and never read, as in BLAS: NaN there does not leak out.
+TEST(CpuPortableGemm, BetaZeroOverwritesWithoutReadingC) {
+  CpuBackend backend;
+  backend.use_gemm(CpuGemm::portable);
+  Buffer a = make_f32(backend, {2, 3}, {1, 2, 3, 4, 5, 6});
+  Buffer b = make_f32(backend, {3, 2}, {1, 0, 0, 1, 1, 1});
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Buffer c = make_f32(backend, {2, 2}, {nan, nan, nan, nan});
+  backend.gemm(a, false, b, false, c, 2.0f, 0.0f);
+  EXPECT_EQ(read_f32(backend, c), (std::vector<float>{8, 10, 20, 22}));
+}
 
 // The build links OpenBLAS's OpenMP variant ahead of Debian's pthreads default (CMakeLists.txt),
 // so GEMMs and the other cpu ops share one team of threads instead of contending for the

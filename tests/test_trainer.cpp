@@ -9,6 +9,7 @@
 #include "core/optimizer.h"
 #include "core/trainer.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 
@@ -137,6 +138,37 @@ TEST(Trainer, LayerCheckpointingGivesBitIdenticalTraining) {
     a.trainer->model().download_weights(pa.data());
     b.trainer->model().download_weights(pb.data());
     EXPECT_EQ(pa, pb) << family;
+  }
+}
+
+// The trainer tests of tests/mpi compare bits (tests/mpi/schedule_test.cpp) and bounds on one
+// thread, where other machines may run more. With the portable GEMM every cpu op, and so a
+// whole step, gives the same bits for any thread count (docs/design.md, "Bits that do not
+// depend on the machine").
+TEST(Trainer, WithThePortableGemmTheThreadCountChangesNoBit) {
+  for (const char* family : {"llama", "gpt2"}) {
+    const Config config = tiny_config(family);
+    std::vector<double> first_losses;
+    std::vector<float> first_weights;
+    for (const int threads : {1, 2, 3}) {
+      CpuBackend backend(0);
+      backend.use_gemm(CpuGemm::portable);
+      backend.set_num_threads(threads);
+      std::unique_ptr<Comm> world = make_local_comm();
+      Mesh mesh = make_mesh(*world, 1);
+      Trainer trainer(config, backend, mesh);
+      std::vector<double> losses;
+      for (int step = 0; step < 3; ++step) losses.push_back(trainer.train_step().loss);
+      std::vector<float> weights(size_t(trainer.model().num_params()));
+      trainer.model().download_weights(weights.data());
+      if (threads == 1) {
+        first_losses = losses;
+        first_weights = weights;
+        continue;
+      }
+      EXPECT_EQ(losses, first_losses) << family << ", " << threads << " threads against 1";
+      EXPECT_EQ(weights, first_weights) << family << ", " << threads << " threads against 1";
+    }
   }
 }
 

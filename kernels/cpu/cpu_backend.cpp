@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/portable_gemm.h"
 #include "kernels/op_formulas.h"
 
 namespace ulysses {
@@ -149,9 +150,20 @@ void CpuBackend::gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool 
     if (beta == 0.0f) fill_zero(c);
     return;
   }
+  sgemm(trans_a, trans_b, m, n, k, alpha, a.f32(), a.shape[1], b.f32(), b.shape[1], beta, c.f32(),
+        n);
+}
+
+void CpuBackend::sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                       float* c, int64_t ldc) const {
+  if (gemm_ == CpuGemm::portable) {
+    cpu::portable_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, a.f32(),
-              int(a.shape[1]), b.f32(), int(b.shape[1]), beta, c.f32(), int(n));
+              trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
+              int(ldb), beta, c, int(ldc));
 }
 
 void CpuBackend::bias_forward_impl(const Tensor& out, const Tensor& bias) {

@@ -1,10 +1,19 @@
-// The fp32 reference backend: OpenBLAS for GEMMs, OpenMP loops for everything else.
+// The fp32 reference backend: OpenBLAS (or the portable GEMM) for GEMMs, OpenMP loops for
+// everything else.
 #pragma once
+
+#include <cstdint>
 
 #include "kernels/backend.h"
 #include "kernels/op_scratch.h"
 
 namespace ulysses {
+
+// Which GEMM the cpu backend runs (docs/design.md, "Bits that do not depend on the machine").
+enum class CpuGemm {
+  openblas,  // fast; its last bits depend on the kernels OpenBLAS picks for the CPU
+  portable,  // kernels/cpu/portable_gemm.h: the same bits on every x86-64 machine, slower
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -14,6 +23,9 @@ class CpuBackend final : public Backend {
   // so that schedule is run and tested on machines without a GPU.
   void treat_host_memory_as_separate() { separate_host_memory_ = true; }
   bool host_memory_is_separate() const override { return separate_host_memory_; }
+  // The GEMMs of every op (gemm, and the LM head inside lm_head_loss); OpenBLAS unless set.
+  void use_gemm(CpuGemm gemm) { gemm_ = gemm; }
+  CpuGemm gemm_kind() const { return gemm_; }
 
   std::string name() const override { return "cpu"; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cpu); }
@@ -81,7 +93,13 @@ class CpuBackend final : public Backend {
   void adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const AdamWStep& step) override;
 
+  // Row-major c[m, n] = alpha · op(a) op(b) + beta · c through the chosen GEMM.
+  void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+             int64_t ldc) const;
+
   bool separate_host_memory_ = false;
+  CpuGemm gemm_ = CpuGemm::openblas;
 };
 
 }  // namespace ulysses

@@ -1,8 +1,6 @@
 // CpuBackend: fused LM head + cross-entropy. Only rows with a target are processed, gathered
 // into tiles of at most tile_rows rows, so logits exist for one tile at a time ([tile, V],
 // never [R, V]); the tile's dlogits overwrite its logits in place.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -62,8 +60,8 @@ LossResult CpuBackend::lm_head_loss_impl(const Tensor& hidden, const Tensor& wei
       std::copy(src, src + width, h_tile + i * width);
     }
     // logits[n, V] = hidden_tile[n, C] · weight[V, C]ᵀ
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(vocab), int(width), 1.0f,
-                h_tile, int(width), w_data, int(width), 0.0f, logit_data, int(vocab));
+    sgemm(false, true, n, vocab, width, 1.0f, h_tile, width, w_data, width, 0.0f, logit_data,
+          vocab);
 
     // Per row: argmax (first on ties), log-sum-exp with the max subtracted, and, for the
     // backward, grad_scale · (softmax − onehot) written over the logits.
@@ -101,10 +99,10 @@ LossResult CpuBackend::lm_head_loss_impl(const Tensor& hidden, const Tensor& wei
 
     // dhidden_tile[n, C] = dlogits[n, V] · weight[V, C]; dweight[V, C] += dlogitsᵀ · hidden_tile
     float* dh_tile = dhidden_tile.f32();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(width), int(vocab), 1.0f,
-                logit_data, int(vocab), w_data, int(width), 0.0f, dh_tile, int(width));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(vocab), int(width), int(n), 1.0f,
-                logit_data, int(vocab), h_tile, int(width), 1.0f, dweight.f32(), int(width));
+    sgemm(false, false, n, width, vocab, 1.0f, logit_data, vocab, w_data, width, 0.0f, dh_tile,
+          width);
+    sgemm(true, false, vocab, width, n, 1.0f, logit_data, vocab, h_tile, width, 1.0f, dweight.f32(),
+          width);
     float* dh_data = dhidden.f32();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
