@@ -8,7 +8,6 @@
 // bits and leave two layer inputs on the device.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +20,7 @@
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"
 #include "tests/mpi/trainer_testing.h"
+#include "tests/mpi/training_bounds.h"
 
 namespace ulysses {
 namespace {
@@ -96,27 +96,19 @@ TEST_F(MemoryOptions, TiledMlpCutsTheMlpPeakByTheTileCount) {
   }
 }
 
+// Tiles sum the MLP's weight gradients tile by tile where one GEMM sums all rows: the same
+// sums in another order, within the bounds of tests/mpi/training_bounds.h.
 TEST_F(MemoryOptions, TiledMlpGivesTheUntiledLossesAndGradients) {
   for (const std::string family : {"llama", "gpt2"}) {
     for (const std::string tiles : {"4", "auto"}) {
       Config config = testing::tiny_training_config(family, 2, world().size(), 2);
       if (family == "gpt2") config.model.n_kv_heads = config.model.n_heads;
-      const testing::TrainingOutcome one = testing::train_for(config, world(), 1);
-      const testing::TrainingOutcome longer = testing::train_for(config, world(), 3);
+      const testing::TrainingOutcome untiled = testing::train_for(config, world(), 3);
       config.memory.tiled_mlp = tiles;
-      const testing::TrainingOutcome tiled = testing::train_for(config, world(), 1);
-      const testing::TrainingOutcome tiled_longer = testing::train_for(config, world(), 3);
-      const std::string where = family + " tiled_mlp " + tiles;
-      for (size_t i = 0; i < longer.losses.size(); ++i)
-        EXPECT_NEAR(tiled_longer.losses[i], longer.losses[i], 1e-6 * longer.losses[i]) << where;
-      std::map<std::string, double> difference, largest;
-      for (size_t i = 0; i < one.grads.size(); ++i) {
-        difference[one.names[i]] =
-            std::max(difference[one.names[i]], double(std::abs(tiled.grads[i] - one.grads[i])));
-        largest[one.names[i]] = std::max(largest[one.names[i]], double(std::abs(one.grads[i])));
-      }
-      for (const auto& [name, diff] : difference)
-        EXPECT_LE(diff, 1e-6 * largest[name]) << where << ": " << name;
+      const testing::TrainingOutcome tiled = testing::train_for(config, world(), 3);
+      testing::expect_same_training(tiled, untiled, config,
+                                    testing::tokens_per_step(config, world().size()),
+                                    family + " tiled_mlp " + tiles);
     }
   }
 }
@@ -193,10 +185,9 @@ TEST_F(MemoryOptions, OffloadThatMovesKeepsTwoInputsOnTheDeviceAndTheSameBits) {
     EXPECT_EQ(peak(moved, MemCategory::checkpoints), 2 * layer_input);
     EXPECT_EQ(peak(moved, MemCategory::checkpoints_host), layers * layer_input);
 
-    CpuBackend separate(0);
-    separate.treat_host_memory_as_separate();
-    separate.set_num_threads(1);
-    const testing::TrainingOutcome offloaded = testing::train_on(separate, config, world(), 3);
+    std::unique_ptr<CpuBackend> separate = testing::make_test_cpu_backend();
+    separate->treat_host_memory_as_separate();
+    const testing::TrainingOutcome offloaded = testing::train_on(*separate, config, world(), 3);
     config.memory.offload_checkpoints = false;
     const testing::TrainingOutcome kept = testing::train_for(config, world(), 3);
     EXPECT_EQ(offloaded.losses, kept.losses) << layers << " layers";
@@ -222,10 +213,9 @@ TEST_F(MemoryOptions, TiledMlpIsNotRecomputedTwiceAndMovedInputsNeedNoOutputBuff
   const MemoryStats kept = step_peaks(config);
   EXPECT_EQ(peak(moved, MemCategory::workspace), peak(kept, MemCategory::workspace));
 
-  CpuBackend separate(0);
-  separate.treat_host_memory_as_separate();
-  separate.set_num_threads(1);
-  const testing::TrainingOutcome offloaded = testing::train_on(separate, config, world(), 2);
+  std::unique_ptr<CpuBackend> separate = testing::make_test_cpu_backend();
+  separate->treat_host_memory_as_separate();
+  const testing::TrainingOutcome offloaded = testing::train_on(*separate, config, world(), 2);
   config.memory.offload_checkpoints = false;
   const testing::TrainingOutcome on_device = testing::train_for(config, world(), 2);
   EXPECT_EQ(offloaded.losses, on_device.losses);

@@ -2,9 +2,11 @@
 // arithmetic: losses, gradient norms and weights after 5 steps are bit-identical to values
 // recorded from the code before the schedule existed (tests/mpi/golden/schedule.txt), for
 // sp 1/2/4, ZeRO stages 0-3, with and without layer checkpointing, llama (GQA) and gpt2,
-// on 4 ranks. Re-recorded once when the initial weights became counter-based
-// (core/param_init.h); with the earlier initial weights put back, that code reproduced the
-// values recorded before it bit for bit. To re-record after an intended change of the arithmetic:
+// on 4 ranks. Re-recorded when the initial weights became counter-based (core/param_init.h;
+// with the earlier weights put back, that code reproduced the values before it bit for bit),
+// and once more when the trainer tests moved to the portable GEMM: the values no longer depend
+// on the GEMM kernels OpenBLAS picks for a CPU (docs/design.md, "Bits that do not depend on the
+// machine"). To re-record after an intended change of the arithmetic:
 //   ULYSSES_RECORD_SCHEDULE_GOLDEN=1 mpirun -np 4 build/tests/mpi/schedule_test
 #include <gtest/gtest.h>
 
@@ -72,8 +74,28 @@ std::map<std::string, std::string> read_golden() {
 
 class Schedule : public testing::MpiTest {};
 
+// Why the recorded bits may not hold here, or "" when they do. They are the portable GEMM's,
+// and the loader picks one code path by CPU: attention's tile loops (kernels/cpu/cpu_attention.cpp)
+// have a build for AVX2 and FMA (x86-64-v3, every such CPU runs it) and a baseline one, which
+// rounds differently. glibc's libm also has FMA variants; the values here do not change with
+// them (GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA gives the same bits).
+std::string why_the_recorded_bits_do_not_apply() {
+  if (testing::test_gemm() != CpuGemm::portable)
+    return "the recorded values are the portable GEMM's; ULYSSES_TEST_GEMM=openblas is set";
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!__builtin_cpu_supports("x86-64-v3"))
+    return "the recorded values are for CPUs with AVX2 and FMA (x86-64-v3); on this one "
+           "attention's tile loops run their baseline build, which rounds differently";
+  return "";
+#else
+  return "the recorded values are for x86-64 CPUs with AVX2 and FMA";
+#endif
+}
+
 TEST_F(Schedule, EveryStageAndSpGivesTheRecordedBitsAfterFiveSteps) {
   ASSERT_EQ(world().size(), 4) << "the recorded values are for 4 ranks";
+  const std::string not_here = why_the_recorded_bits_do_not_apply();
+  if (!not_here.empty()) GTEST_SKIP() << not_here;
   const bool record = std::getenv("ULYSSES_RECORD_SCHEDULE_GOLDEN") != nullptr;
   const std::map<std::string, std::string> golden = read_golden();
   std::ostringstream recorded;
@@ -107,24 +129,23 @@ TEST_F(Schedule, EveryStageAndSpGivesTheRecordedBitsAfterFiveSteps) {
   }
 }
 
-// Prefetch off, and a progress thread driving MPI while units compute: the same bits.
+// Prefetch off, and a progress thread driving MPI while units compute: the bits of the default
+// schedule in this process (which the test above compares with the recorded values).
 TEST_F(Schedule, WithoutPrefetchAndWithAProgressThreadTheBitsAreTheSame) {
-  ASSERT_EQ(world().size(), 4) << "the recorded values are for 4 ranks";
-  const std::map<std::string, std::string> golden = read_golden();
   std::unique_ptr<Comm> owned = world().split(0, world().rank(), "world with progress");
   auto* with_progress = dynamic_cast<MpiComm*>(owned.get());
   ASSERT_NE(with_progress, nullptr);
   if (mpi_thread_multiple()) with_progress->start_progress_thread();
-  for (const bool prefetch : {false, true}) {
-    for (int stage : {2, 3}) {
-      Config config = testing::tiny_training_config("llama", 2, 2, 2);
-      config.parallel.zero_stage = stage;
-      config.parallel.bucket_mb = 1e-6;
+  for (int stage : {2, 3}) {
+    Config config = testing::tiny_training_config("llama", 2, 2, 2);
+    config.parallel.zero_stage = stage;
+    config.parallel.bucket_mb = 1e-6;
+    const std::string expected = outcome_line(testing::train_for(config, world(), 5));
+    for (const bool prefetch : {false, true}) {
       config.parallel.prefetch = prefetch;
       const testing::TrainingOutcome outcome = testing::train_for(config, *owned, 5);
-      const std::string key = "llama sp2 zero" + std::to_string(stage) + " none";
-      EXPECT_EQ(outcome_line(outcome), golden.at(key))
-          << key << (prefetch ? " with prefetch" : " without prefetch");
+      EXPECT_EQ(outcome_line(outcome), expected)
+          << "llama sp2 zero" << stage << (prefetch ? " with prefetch" : " without prefetch");
     }
   }
 }

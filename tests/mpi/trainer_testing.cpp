@@ -1,7 +1,8 @@
 #include "tests/mpi/trainer_testing.h"
 
-#include <algorithm>
-#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "core/trainer.h"
 #include "kernels/backend.h"
@@ -28,33 +29,50 @@ Config tiny_training_config(const std::string& family, int kv_heads, int sp, int
       {}, "equivalence.yaml");
 }
 
-TrainingOutcome train_for(const Config& config, Comm& world, int steps) {
-  auto backend = make_backend(BackendKind::cpu, 0);
+CpuGemm test_gemm() {
+  const char* chosen = std::getenv("ULYSSES_TEST_GEMM");
+  if (chosen == nullptr || std::string(chosen) == "portable") return CpuGemm::portable;
+  if (std::string(chosen) == "openblas") return CpuGemm::openblas;
+  throw std::invalid_argument("ULYSSES_TEST_GEMM must be openblas or portable, got '" +
+                              std::string(chosen) + "'");
+}
+
+std::unique_ptr<CpuBackend> make_test_cpu_backend() {
+  auto backend = std::make_unique<CpuBackend>(0);
+  backend->use_gemm(test_gemm());
   backend->set_num_threads(1);
-  return train_on(*backend, config, world, steps);
+  return backend;
+}
+
+TrainingOutcome train_for(const Config& config, Comm& world, int steps) {
+  return train_on(*make_test_cpu_backend(), config, world, steps);
 }
 
 TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, int steps) {
   Mesh mesh = make_mesh(world, config.parallel.sp);
   Trainer trainer(config, backend, mesh);
   TrainingOutcome outcome;
+  for (const ParamSpec& spec : trainer.model().table().specs())
+    outcome.names.insert(outcome.names.end(), size_t(spec.numel), spec.name);
+  Model& model = trainer.model();
+  outcome.weights.emplace_back(outcome.names.size());
+  model.download_weights(outcome.weights.back().data());
   for (int i = 0; i < steps; ++i) {
     StepResult step = trainer.train_step();
     outcome.losses.push_back(step.loss);
     outcome.grad_norms.push_back(step.grad_norm);
+    outcome.step_grads.emplace_back(outcome.names.size());
+    model.download_gradients(outcome.step_grads.back().data());
+    outcome.weights.emplace_back(outcome.names.size());
+    model.download_weights(outcome.weights.back().data());
   }
-  outcome.params.resize(size_t(trainer.model().num_params()));
-  for (const ParamSpec& spec : trainer.model().table().specs())
-    outcome.names.insert(outcome.names.end(), size_t(spec.numel), spec.name);
-  trainer.model().download_weights(outcome.params.data());
-  outcome.grads.resize(outcome.params.size());
-  trainer.model().download_gradients(outcome.grads.data());
+  outcome.params = outcome.weights.back();
+  if (steps > 0) outcome.grads = outcome.step_grads.back();
   return outcome;
 }
 
 std::vector<TraceSpan> traced_step(const Config& config, Comm& world) {
-  auto backend = make_backend(BackendKind::cpu, 0);
-  backend->set_num_threads(1);
+  auto backend = make_test_cpu_backend();
   Mesh mesh = make_mesh(world, config.parallel.sp);
   Trainer trainer(config, *backend, mesh);
   Profiler& profiler = backend->profiler();
@@ -62,28 +80,6 @@ std::vector<TraceSpan> traced_step(const Config& config, Comm& world) {
   profiler.set_trace(true);
   trainer.train_step();
   return profiler.take_trace();
-}
-
-std::map<std::string, TensorDifference> gradient_differences(const TrainingOutcome& value,
-                                                             const TrainingOutcome& reference) {
-  std::map<std::string, TensorDifference> by_tensor;
-  for (size_t i = 0; i < reference.grads.size(); ++i) {
-    TensorDifference& tensor = by_tensor[reference.names[i]];
-    tensor.max_difference =
-        std::max(tensor.max_difference, double(std::abs(value.grads[i] - reference.grads[i])));
-    tensor.max_reference = std::max(tensor.max_reference, double(std::abs(reference.grads[i])));
-  }
-  return by_tensor;
-}
-
-double max_relative_difference(const std::vector<float>& value,
-                               const std::vector<float>& reference) {
-  double max_difference = 0.0, max_reference = 0.0;
-  for (size_t i = 0; i < reference.size(); ++i) {
-    max_difference = std::max(max_difference, double(std::abs(value[i] - reference[i])));
-    max_reference = std::max(max_reference, double(std::abs(reference[i])));
-  }
-  return max_difference / max_reference;
 }
 
 }  // namespace ulysses::testing

@@ -2,12 +2,13 @@
 // recall task, trained for a few steps, with everything a comparison needs gathered whole.
 #pragma once
 
-#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/profiler.h"
 #include "parallel/comm.h"
 
@@ -20,29 +21,29 @@ struct TrainingOutcome {
   std::vector<std::string> names;  // parameter name of every element
   std::vector<double> losses;
   std::vector<double> grad_norms;
-  std::vector<float> params;
-  std::vector<float> grads;  // of the last step, reduced over the world
+  std::vector<float> params;  // after the last step
+  std::vector<float> grads;   // of the last step, reduced over the world
+  // weights[t]: the weights step t + 1 was taken at (weights[0] the initial ones);
+  // step_grads[t]: its reduced gradient. weights.back() is params, step_grads.back() grads.
+  std::vector<std::vector<float>> weights;
+  std::vector<std::vector<float>> step_grads;
 };
 
-// Trains on the CPU backend (one thread) over world split into sp groups.
+// The cpu backend of the trainer tests: one thread, and the portable GEMM, so that what they
+// compare is the same on every x86-64 machine (docs/design.md, "Bits that do not depend on
+// the machine"). ULYSSES_TEST_GEMM=openblas runs them on OpenBLAS instead, to check their
+// bounds against the kernels it picks (with each OPENBLAS_CORETYPE); the goldens of
+// tests/mpi/schedule_test.cpp hold for the portable GEMM only.
+std::unique_ptr<CpuBackend> make_test_cpu_backend();
+// The GEMM make_test_cpu_backend sets: ULYSSES_TEST_GEMM (openblas or portable, the default).
+CpuGemm test_gemm();
+
+// Trains on make_test_cpu_backend() over world split into sp groups.
 TrainingOutcome train_for(const Config& config, Comm& world, int steps);
 // The same on a given backend; world must carry that backend's buffers.
 TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, int steps);
 
-// The profiler's spans of one training step (cpu backend, one thread).
+// The profiler's spans of one training step (make_test_cpu_backend()).
 std::vector<TraceSpan> traced_step(const Config& config, Comm& world);
-
-// Per parameter tensor of the last step's gradients: max |value - reference| and
-// max |reference| over its elements.
-struct TensorDifference {
-  double max_difference = 0.0;
-  double max_reference = 0.0;
-};
-std::map<std::string, TensorDifference> gradient_differences(const TrainingOutcome& value,
-                                                             const TrainingOutcome& reference);
-
-// max |a - b| / max |reference| over the elements.
-double max_relative_difference(const std::vector<float>& value,
-                               const std::vector<float>& reference);
 
 }  // namespace ulysses::testing

@@ -1,13 +1,13 @@
-// ZeRO stages 1-3 (docs/memory.md, ZeRO) against replicated state: the same losses, gradients and
-// parameters after 5 AdamW steps for both families, with and without layer checkpointing,
-// with one unit per layer and with the default bucket; and the per-rank bytes of every
-// stage, which must shrink as 1/world up to one unit of staging or gathering.
+// ZeRO stages 1-3 (docs/memory.md, ZeRO) against replicated state over 5 AdamW steps, within
+// bounds derived from fp32 arithmetic (tests/mpi/training_bounds.h): the first step's
+// gradients and parameters, every loss, the last parameters; for both families, with and
+// without layer checkpointing, with one unit per layer and with the default bucket. And the
+// per-rank bytes of every stage, which must shrink as 1/world up to one unit of staging or
+// gathering.
 #include <gtest/gtest.h>
 
 #include <array>
-#include <cmath>
 #include <map>
-#include <tuple>
 #include <utility>
 
 #include "core/config.h"
@@ -16,6 +16,7 @@
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"
 #include "tests/mpi/trainer_testing.h"
+#include "tests/mpi/training_bounds.h"
 
 namespace ulysses {
 namespace {
@@ -38,40 +39,30 @@ constexpr int kSteps = 5;
 // Stage 0 without checkpointing: the run every stage and setup is compared with. It depends
 // on the family and sp only, so each is trained once per process and kept for the later
 // tests (every rank runs the tests in the same order, so every rank trains the same ones).
-const TrainingOutcome& replicated_run(const std::string& family, int sp, int steps, Comm& world) {
-  static std::map<std::tuple<std::string, int, int>, TrainingOutcome> runs;
-  auto [entry, added] = runs.try_emplace({family, sp, steps});
+const TrainingOutcome& replicated_run(const std::string& family, int sp, Comm& world) {
+  static std::map<std::pair<std::string, int>, TrainingOutcome> runs;
+  auto [entry, added] = runs.try_emplace({family, sp});
   if (added)
     entry->second =
-        testing::train_for(testing::tiny_training_config(family, 4, sp, 2), world, steps);
+        testing::train_for(testing::tiny_training_config(family, 4, sp, 2), world, kSteps);
   return entry->second;
 }
 
+// Stages 2-3 reduce-scatter every micro-batch where stage 0 all-reduces the accumulated
+// gradient, so the same sums are taken in another order: the bounds of
+// tests/mpi/training_bounds.h, which say why each holds.
 void expect_stage_matches(const std::string& family, int stage, const Setup& setup, Comm& world) {
   Config sharded = testing::tiny_training_config(family, 4, setup.sp, 2);
   sharded.memory.activation_checkpointing = setup.checkpointing;
   sharded.parallel.bucket_mb = setup.bucket_mb;
   sharded.parallel.zero_stage = stage;
-  const TrainingOutcome& a = replicated_run(family, setup.sp, kSteps, world);
-  TrainingOutcome b = testing::train_for(sharded, world, kSteps);
-  // Gradients after the first step, from the same weights: each AdamW step magnifies the
-  // round-off of the two reduction orders in elements whose gradient is near zero (m/sqrt(v)
-  // is ±1 for any tiny gradient), so by the last step they are taken at weights that differ
-  // by more than round-off (tests/mpi/trainer_equivalence_test.cpp measures it).
-  const TrainingOutcome& a_first = replicated_run(family, setup.sp, 1, world);
-  const TrainingOutcome b_first = testing::train_for(sharded, world, 1);
+  const TrainingOutcome& replicated = replicated_run(family, setup.sp, world);
+  const TrainingOutcome outcome = testing::train_for(sharded, world, kSteps);
   const std::string where = family + " stage " + std::to_string(stage) + " sp " +
                             std::to_string(setup.sp) + " " + name_of(setup.checkpointing) +
                             " bucket " + std::to_string(setup.bucket_mb);
-  for (int i = 0; i < kSteps; ++i) {
-    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-6 * std::abs(a.losses[i]))
-        << where << " step " << i + 1;
-    EXPECT_NEAR(b.grad_norms[i], a.grad_norms[i], 1e-6 * a.grad_norms[i])
-        << where << " step " << i + 1;
-  }
-  EXPECT_LE(testing::max_relative_difference(b_first.grads, a_first.grads), 1e-6)
-      << where << ": gradients of the first step";
-  EXPECT_LE(testing::max_relative_difference(b.params, a.params), 1e-6) << where << ": parameters";
+  testing::expect_same_training(outcome, replicated, sharded,
+                                testing::tokens_per_step(sharded, world.size()), where);
 }
 
 void expect_every_setup_matches(int stage, Comm& world) {
