@@ -52,8 +52,11 @@ TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, in
   Mesh mesh = make_mesh(world, config.parallel.sp);
   Trainer trainer(config, backend, mesh);
   TrainingOutcome outcome;
-  for (const ParamSpec& spec : trainer.model().table().specs())
+  for (const ParamSpec& spec : trainer.model().table().specs()) {
     outcome.names.insert(outcome.names.end(), size_t(spec.numel), spec.name);
+    outcome.weight_decayed.insert(outcome.weight_decayed.end(), size_t(spec.numel),
+                                  spec.weight_decay);
+  }
   Model& model = trainer.model();
   outcome.weights.emplace_back(outcome.names.size());
   model.download_weights(outcome.weights.back().data());

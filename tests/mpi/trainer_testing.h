@@ -18,7 +18,8 @@ namespace ulysses::testing {
 Config tiny_training_config(const std::string& family, int kv_heads, int sp, int batch_size);
 
 struct TrainingOutcome {
-  std::vector<std::string> names;  // parameter name of every element
+  std::vector<std::string> names;    // parameter name of every element
+  std::vector<char> weight_decayed;  // whether AdamW decays every element
   std::vector<double> losses;
   std::vector<double> grad_norms;
   std::vector<float> params;  // after the last step

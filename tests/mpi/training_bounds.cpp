@@ -7,6 +7,7 @@
 #include <map>
 
 #include "core/optimizer.h"
+#include "kernels/op_formulas.h"
 
 namespace ulysses::testing {
 
@@ -121,6 +122,37 @@ void expect_losses_follow_the_weights(const TrainingOutcome& value,
   }
 }
 
+void expect_adamw_of_its_own_gradients(const TrainingOutcome& run, const TrainConfig& train,
+                                       const std::string& where) {
+  // Whatever the configuration (replicated or sharded moments, any bucket), every step's
+  // weights are AdamW of that run's own reduced gradient, element by element: the backend's
+  // own fp32 formula (kernels/op_formulas.h) replayed here on the whole buffers gives the same
+  // bits. This is what ties the runs together after step 1, where their gradients differ.
+  std::vector<float> weights = run.weights.front();
+  std::vector<float> m(weights.size(), 0.0f), v(weights.size(), 0.0f);
+  for (size_t t = 0; t < run.losses.size(); ++t) {
+    AdamWStep step;
+    step.lr = float(learning_rate(train, int64_t(t)));
+    step.beta1 = float(train.beta1);
+    step.beta2 = float(train.beta2);
+    step.eps = float(train.eps);
+    step.step = int64_t(t) + 1;
+    step.grad_scale = clip_scale(run.grad_norms[t], train.grad_clip);
+    size_t mismatches = 0, first = 0;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      step.weight_decay = run.weight_decayed[i] ? float(train.weight_decay) : 0.0f;
+      formulas::adamw_update(weights[i], run.step_grads[t][i], m[i], v[i],
+                             formulas::adamw_scalars(step));
+      if (weights[i] != run.weights[t + 1][i] && mismatches++ == 0) first = i;
+    }
+    EXPECT_EQ(mismatches, 0u) << where << ": after step " << t + 1 << ", " << mismatches
+                              << " weights are not AdamW of the gradient, the first element "
+                              << first << " of " << run.names[first] << ": "
+                              << run.weights[t + 1][first] << ", AdamW gives " << weights[first];
+    weights = run.weights[t + 1];  // one step at a time: a mismatch is reported once
+  }
+}
+
 void expect_last_weights_close(const TrainingOutcome& value, const TrainingOutcome& reference,
                                const TrainConfig& train, const std::string& where) {
   // After step 1 the runs take their gradients at weights that differ, so the difference is
@@ -156,6 +188,8 @@ void expect_same_training(const TrainingOutcome& value, const TrainingOutcome& r
   const double order_bound = summation_order_bound(tokens);
   expect_first_step_gradients_match(value, reference, order_bound, where);
   expect_first_step_parameters_match(value, reference, config.train, where);
+  expect_adamw_of_its_own_gradients(value, config.train, where);
+  expect_adamw_of_its_own_gradients(reference, config.train, where + " (reference)");
   expect_losses_follow_the_weights(value, reference, order_bound, where);
   expect_last_weights_close(value, reference, config.train, where);
 }

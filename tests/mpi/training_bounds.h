@@ -28,6 +28,7 @@ double summation_order_bound(int64_t terms);
 // - step 1, at the same weights: every gradient tensor and the gradient norm, which differ
 //   only in the order of fp32 sums over the step's tokens;
 // - step 1: every parameter, through AdamW's normalisation of those gradients;
+// - every step, in each run: the weights are AdamW of its own gradients, bit for bit;
 // - every step: the loss, to first order in how far the weights it was taken at differ;
 // - the last step: every parameter within a tenth of what AdamW can move it.
 void expect_same_training(const TrainingOutcome& value, const TrainingOutcome& reference,
