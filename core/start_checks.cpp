@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/file_util.h"
@@ -16,20 +17,23 @@ namespace ulysses {
 
 namespace {
 
-// Rank 0 writes the metrics after every step and the trace at the end.
-std::string output_problem(const Config& config) {
-  const std::string& metrics = config.log.metrics_file;
-  if (!metrics.empty()) {
-    std::ofstream probe(metrics, std::ios::app);
-    if (!probe)
-      return "log.metrics_file '" + metrics +
-             "' cannot be opened for writing: " + std::strerror(errno);
-  }
-  const std::string& trace = config.log.trace_file;
-  if (!trace.empty())
-    if (const std::string problem = output_file_problem(trace); !problem.empty())
-      return "log.trace_file '" + trace + "' cannot be written: " + problem;
+// Why rank 0 could not write `path` later, or "". Nothing is created: a run refused after
+// this check leaves no empty file behind. An existing file must open for appending.
+std::string output_problem(const std::string& key, const std::string& path) {
+  if (path.empty()) return "";
+  if (const std::string problem = output_file_problem(path); !problem.empty())
+    return key + " '" + path + "' cannot be written: " + problem;
+  std::error_code error;
+  if (std::filesystem::exists(path, error) && !std::ofstream(path, std::ios::app))
+    return key + " '" + path + "' cannot be opened for writing: " + std::strerror(errno);
   return "";
+}
+
+// Rank 0 writes the metrics after every step and the trace at the end.
+std::string outputs_problem(const LogConfig& log) {
+  std::string problem = output_problem("log.metrics_file", log.metrics_file);
+  if (problem.empty()) problem = output_problem("log.trace_file", log.trace_file);
+  return problem;
 }
 
 // The validation files are read only at the first evaluation, or never with eval_every 0:
@@ -50,7 +54,8 @@ std::string val_path_problem(const DataConfig& data) {
 }  // namespace
 
 void check_run_files(Comm& world, const Config& config) {
-  agree_on_failure(world, world.rank() == 0 ? output_problem(config) : "", ExitCode::bad_input);
+  agree_on_failure(world, world.rank() == 0 ? outputs_problem(config.log) : "",
+                   ExitCode::bad_input);
   agree_on_failure(world, val_path_problem(config.data), ExitCode::bad_input);
 }
 

@@ -9,9 +9,10 @@
 
 namespace ulysses {
 
-// Collective: log.metrics_file can be opened for appending, log.trace_file's folder can be
-// written, and data.val_path names readable files even when train.eval_every is 0. Every rank
-// throws JobError(bad_input) together, rank 0 naming the key.
+// Collective: log.metrics_file and log.trace_file can be written (their folder exists and is
+// writable, an existing file opens for appending; nothing is created), and data.val_path names
+// readable files even when train.eval_every is 0. Every rank throws JobError(bad_input)
+// together, rank 0 naming the key.
 void check_run_files(Comm& world, const Config& config);
 
 // Collective: with train.seq_len_schedule and memory.limit_gib, every stage's planned step
