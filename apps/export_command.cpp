@@ -29,7 +29,7 @@ int run_export_command(int argc, char** argv) {
          "a checkpoint step folder (step_XXXXXXXX), or a checkpoint dir (train.checkpoint.dir)"
          " whose newest intact checkpoint is exported")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(existing_folder());
   app.add_option("--format", options.format,
                  "hf-llama (llama checkpoints) or llmc (gpt2 checkpoints)")
       ->required()
@@ -43,10 +43,14 @@ int run_export_command(int argc, char** argv) {
   try {
     app.parse(argc - 1, argv + 1);  // argv[1] is "export"
   } catch (const CLI::ParseError& error) {
-    return app.exit(error) == 0 ? 0 : 2;
+    return app.exit(error) == 0 ? 0 : int(ExitCode::bad_input);
   }
 
   setup_logging(parse_log_color(color));
+  if (const std::string problem = export_out_problem(options); !problem.empty()) {
+    spdlog::error("export: {}", problem);
+    return int(ExitCode::bad_input);
+  }
   try {
     export_checkpoint(options);
   } catch (const std::exception& error) {

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "apps/common_options.h"
 #include "core/job_errors.h"
 #include "core/plan_report.h"
 #include "core/plan_search.h"
@@ -15,23 +17,28 @@ namespace ulysses {
 
 namespace {
 
-// "32k" = 32768, "1m" = 1048576, "500000" as written.
-int64_t parse_tokens(const std::string& text) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    throw CLI::ValidationError("--seq", "'" + text + "' is not a token count (e.g. 32k, 1m)");
-  }
-  const std::string suffix = text.substr(used);
+// "32k" = 32768, "1m" = 1048576, "500000" as written, in [low, high]; messages name the option.
+int64_t parse_count(const std::string& text, const std::string& option, int64_t low, int64_t high) {
+  const std::string rule = "must be between " + std::to_string(low) + " and " +
+                           std::to_string(high) + ", got '" + text + "'";
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  const std::string suffix = text.substr(digits);
+  int64_t unit = 1;
   if (suffix == "k" || suffix == "K")
-    value *= 1024;
+    unit = 1024;
   else if (suffix == "m" || suffix == "M")
-    value *= 1024 * 1024;
-  else if (!suffix.empty())
-    throw CLI::ValidationError("--seq", "'" + text + "': the suffix can be k (1024) or m (1024²)");
-  if (value < 1) throw CLI::ValidationError("--seq", "'" + text + "' is not positive");
+    unit = 1024 * 1024;
+  else if (digits == 0 || !suffix.empty())
+    throw CLI::ValidationError(option, "'" + text + "' is not a count (e.g. 32k, 1m, 500000)");
+  // Compared digit by digit against high / unit, so no count overflows.
+  int64_t value = 0;
+  for (size_t i = 0; i < digits; ++i) {
+    value = value * 10 + (text[i] - '0');
+    if (value > high / unit) throw CLI::ValidationError(option, rule);
+  }
+  value *= unit;
+  if (value < low) throw CLI::ValidationError(option, rule);
   return value;
 }
 
@@ -44,6 +51,7 @@ int run_plan_command(int argc, char** argv) {
   double device_gib = 0.0;
   bool longest = false;
   int64_t granule = 1024;
+  constexpr int64_t kLargestInt = std::numeric_limits<int>::max();  // train.seq_len, parallel.sp
   CLI::App app{
       "ulysses-train plan: plans the memory of a training step on any machine, without a GPU "
       "and without allocating: for each (seq_len, sp) the bytes per rank by category "
@@ -54,8 +62,7 @@ int run_plan_command(int argc, char** argv) {
       "Runs in one process (no mpirun). Exit status: 0 planned, 2 bad arguments or config.",
       "ulysses-train plan"};
   app.add_option("--config,-c", target.config_path, "YAML config file (docs/configuration.md)")
-      ->required()
-      ->check(CLI::ExistingFile);
+      ->required();
   app.add_option("--set", target.overrides, "override a config key, e.g. --set train.batch_size=1");
   app.add_option("--seq", seqs,
                  "sequence lengths, e.g. 32k,128k,1m (k = 1024, m = 1024²); "
@@ -65,18 +72,18 @@ int run_plan_command(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--world", world,
                  "ranks of the job (dp x sp); default: the largest --sp. ZeRO shards over it")
-      ->check(CLI::PositiveNumber);
+      ->check(number_between(1, kLargestInt));
   app.add_option("--device-gib", device_gib,
                  "device memory per rank in GiB (e.g. 80, 141); default: memory.limit_gib")
-      ->check(CLI::PositiveNumber);
+      ->check(number_between(kSmallestLimitGib, kLargestLimitGib));
   app.add_option("--cpu-threads", target.cpu_threads,
                  "device: cpu only: threads per rank, which size the attention tiles (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_between(1, kLargestInt));
   app.add_flag("--longest", longest,
                "instead of the points: for each --sp and each option set, the longest seq_len "
                "that fits (bisection over multiples of --granule x sp)");
   app.add_option("--granule", granule, "--longest: lengths are multiples of this x sp (1024)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_between(1, kLargestInt));
   app.footer(
       "Option sets, cheapest first, each keeping the ones before: none, ZeRO-1/2/3 (world > 1), "
       "layer checkpointing, tiled MLP (auto), head chunks (the most the heads allow), offloaded "
@@ -88,12 +95,16 @@ int run_plan_command(int argc, char** argv) {
   }
 
   try {
-    const Config base = load_config(target.config_path, target.overrides);
     std::vector<int64_t> seq_lens;
-    for (const std::string& text : seqs) seq_lens.push_back(parse_tokens(text));
-    if (seq_lens.empty()) seq_lens.push_back(base.train.seq_len);
+    for (const std::string& text : seqs)
+      seq_lens.push_back(parse_count(text, "--seq", 2, kLargestInt));
     std::vector<int> sp_values;
-    for (const std::string& text : sps) sp_values.push_back(int(parse_tokens(text)));
+    for (const std::string& text : sps)
+      sp_values.push_back(int(parse_count(text, "--sp", 1, kLargestInt)));
+    std::vector<std::string> warnings;
+    const Config base = load_config(target.config_path, target.overrides, &warnings);
+    for (const std::string& warning : warnings) std::cerr << "plan: warning: " << warning << "\n";
+    if (seq_lens.empty()) seq_lens.push_back(base.train.seq_len);
     if (sp_values.empty()) sp_values.push_back(base.parallel.sp);
     target.world_size = world > 0 ? world : *std::max_element(sp_values.begin(), sp_values.end());
     const double gib = device_gib > 0 ? device_gib : base.memory.limit_gib;

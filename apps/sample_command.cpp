@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <limits>
 
 #include "apps/common_options.h"
 #include "apps/weight_source_options.h"
@@ -31,18 +32,19 @@ int run_sample_command(int argc, char** argv) {
   app.add_option("--prompt-tokens", options.prompt_tokens, "token ids to continue, e.g. 1,2,3")
       ->delimiter(',')
       ->excludes(prompt);
+  constexpr double kLargestInt = std::numeric_limits<int>::max();
   app.add_option("--max-new-tokens", options.max_new_tokens, "tokens to generate (default 64)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_between(1, kLargestInt));
   app.add_option("--temperature", options.sampling.temperature,
                  "softmax temperature; 0 is greedy (default 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0));
   app.add_option("--top-k", options.sampling.top_k,
                  "draw among the k most likely tokens only; 0 means all (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_between(0, kLargestInt));
   app.add_option("--seed", options.sampling.seed, "seed of the draws (default 0)");
   app.add_option("--sequences", options.sequences,
                  "synthetic task without a prompt: validation sequences to answer (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_between(1, kLargestInt));
   app.add_flag("--json", options.json,
                "print one JSON line on stdout: {weights, prompt_tokens, new_tokens, text} or, "
                "for the synthetic queries, {weights, queries, accuracy}");

@@ -8,8 +8,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
@@ -18,6 +16,7 @@
 
 #include "core/seq_len_schedule.h"
 #include "data/dataset.h"
+#include "data/input_file.h"
 #include "data/synthetic.h"
 #include "parallel/head_chunks.h"
 
@@ -27,11 +26,16 @@ namespace {
 
 // ---- the table of keys -----------------------------------------------------------------
 
-// The numbers a key accepts: a lower and/or an upper bound, each inclusive or not.
+// The numbers a key accepts: a lower and/or an upper bound, each inclusive or not, and 0
+// besides where 0 means "off".
 struct Range {
   bool has_low = false, has_high = false;
   double low = 0.0, high = 0.0;
   bool low_open = false, high_open = false;
+  bool zero_allowed = false;
+  // The value is used in fp32 arithmetic (the kernels, the optimizer): it must be a normal
+  // fp32 number, and still in range once rounded to one (0.99999999 is 1.0f).
+  bool fp32 = false;
 };
 
 Range at_least(double low) {
@@ -42,6 +46,14 @@ Range above(double low) {
 }
 Range between(double low, double high, bool low_open = false, bool high_open = false) {
   return Range{true, true, low, high, low_open, high_open};
+}
+Range zero_or(Range range) {
+  range.zero_allowed = true;
+  return range;
+}
+Range in_fp32(Range range) {
+  range.fp32 = true;
+  return range;
 }
 
 // The member a key fills, by type; an enum key reads its YAML spellings (names_of below).
@@ -93,8 +105,8 @@ const std::vector<Field>& fields() {
        "data source"},
       {ULYSSES_KEY(model.max_seq_len), at_least(0), "at least `train.seq_len`",
        "longest sequence the model supports (gpt2: learned positions)", "`train.seq_len`"},
-      {ULYSSES_KEY(model.rope_theta), above(0), "", "RoPE base (llama)"},
-      {ULYSSES_KEY(model.norm_eps), above(0), "", "epsilon of RMSNorm / LayerNorm"},
+      {ULYSSES_KEY(model.rope_theta), in_fp32(above(0)), "", "RoPE base (llama)"},
+      {ULYSSES_KEY(model.norm_eps), in_fp32(above(0)), "", "epsilon of RMSNorm / LayerNorm"},
       {ULYSSES_KEY(model.init_from), {}, "path", "pretrained weights to start from"},
 
       {ULYSSES_KEY(train.steps), at_least(1), "", "optimizer steps"},
@@ -104,7 +116,7 @@ const std::vector<Field>& fields() {
        "tokens per sequence (split over the `parallel.sp` ranks of a group)"},
       {ULYSSES_KEY(train.seq_len_schedule),
        {},
-       "`\"LEN@STEP, ...\"` or `LENxBATCH@STEP`",
+       "`\"LEN@STEP, ...\"` or `LENxBATCH@STEP`; LEN ≥ 2, BATCH ≤ 2³¹−1",
        "a sequence-length curriculum (<a id=\"curriculum\"></a>): e.g. "
        "`\"256@0, 1024x8@400, 4096x4@500\"` trains at 256 tokens from step 0, at 1024 with 8 "
        "sequences per rank from step 400 and at 4096 with 4 from step 500. Stages start at step "
@@ -112,11 +124,12 @@ const std::vector<Field>& fields() {
        "`parallel.sp`; a stage without `xBATCH` uses `train.batch_size`. At each change the "
        "model is rebuilt for the new shape (weights kept, through the host; optimizer moments "
        "stay), the data reopened, and the log says so. Length and batch are functions of the "
-       "step, so resume is exact; `--dry-run` and `plan` plan the last stage. Empty: "
-       "`train.seq_len` throughout"},
+       "step, so resume is exact. `plan` plans the last stage; a run plans every stage against "
+       "`memory.limit_gib` before its first step, and `--dry-run` prints each (docs/memory.md). "
+       "Empty: `train.seq_len` throughout"},
       {ULYSSES_KEY(train.grad_accum), at_least(1), "", "micro-steps per optimizer step"},
-      {ULYSSES_KEY(train.lr), above(0), "", "peak learning rate"},
-      {ULYSSES_KEY(train.min_lr), at_least(0), "at most `train.lr`",
+      {ULYSSES_KEY(train.lr), in_fp32(above(0)), "", "peak learning rate"},
+      {ULYSSES_KEY(train.min_lr), in_fp32(at_least(0)), "at most `train.lr`",
        "learning rate at the end of the decay"},
       {ULYSSES_KEY(train.warmup_steps), at_least(0), "", "linear warmup steps"},
       {ULYSSES_KEY(train.schedule),
@@ -124,10 +137,10 @@ const std::vector<Field>& fields() {
        "",
        "after the warmup: cosine or linear decay from `lr` to `min_lr` at the last step, or "
        "`lr` throughout; the rate is a function of the step alone, so resume is exact for each"},
-      {ULYSSES_KEY(train.weight_decay), at_least(0), "", "decoupled AdamW weight decay"},
-      {ULYSSES_KEY(train.beta1), between(0, 1, false, true), "", "AdamW β1"},
-      {ULYSSES_KEY(train.beta2), between(0, 1, false, true), "", "AdamW β2"},
-      {ULYSSES_KEY(train.eps), above(0), "", "AdamW ε"},
+      {ULYSSES_KEY(train.weight_decay), in_fp32(at_least(0)), "", "decoupled AdamW weight decay"},
+      {ULYSSES_KEY(train.beta1), in_fp32(between(0, 1, false, true)), "", "AdamW β1"},
+      {ULYSSES_KEY(train.beta2), in_fp32(between(0, 1, false, true)), "", "AdamW β2"},
+      {ULYSSES_KEY(train.eps), in_fp32(above(0)), "", "AdamW ε"},
       {ULYSSES_KEY(train.grad_clip), at_least(0), "", "global gradient-norm clip; 0 = off"},
       {ULYSSES_KEY(train.seed), {}, "0 … 2⁶⁴−1", "seeds initialisation and data order"},
       {ULYSSES_KEY(train.eval_every), at_least(0), "", "steps between evaluations; 0 = none"},
@@ -203,7 +216,7 @@ const std::vector<Field>& fields() {
        "(q's while k and v are projected; dO's during the output projection's weight gradient; "
        "with head chunks the next stage's exchanges during this stage's attention) and is "
        "waited for only where its output is needed; same bits either way"},
-      {ULYSSES_KEY(parallel.bucket_mb), above(0), "",
+      {ULYSSES_KEY(parallel.bucket_mb), between(0, 1e9, true, false), "",
        "ZeRO unit size (MiB of fp32): consecutive whole layers are merged into one unit while "
        "they fit; a unit is one reduce-scatter and one all-gather, and stages 2–3 hold one unit "
        "whole. Embeddings and the tensors after the last layer are units of their own"},
@@ -228,7 +241,7 @@ const std::vector<Field>& fields() {
        "page-locked host memory; `nccl` insists (exit 2 where it cannot work, e.g. two ranks on "
        "one GPU); `mpi` always stages. No effect with `device: cpu` (MPI moves host memory "
        "directly)"},
-      {ULYSSES_KEY(parallel.timeout_s), at_least(0), "",
+      {ULYSSES_KEY(parallel.timeout_s), zero_or(at_least(1)), "",
        "watchdog (docs/failures.md): a rank that waits longer than this in a collective ends "
        "the whole job with exit 4, naming the rank, step, phase and collective; waits that "
        "overlap another rank's checkpoint I/O or weight loading get 10× as long; 0 = off"},
@@ -257,7 +270,7 @@ const std::vector<Field>& fields() {
        "staying on the device (docs/memory.md; compiled, not yet run on a GPU)"},
       {ULYSSES_KEY(memory.loss_tile_tokens), at_least(1), "",
        "tokens per tile of the fused LM-head + loss (logits never exist for the whole slice)"},
-      {ULYSSES_KEY(memory.limit_gib), at_least(0), "0 (no limit) or 1e-6 … 2³⁰",
+      {ULYSSES_KEY(memory.limit_gib), zero_or(between(kSmallestLimitGib, kLargestLimitGib)), "",
        "cap on tracked memory per rank: an allocation past it fails with an out-of-memory error "
        "listing the bytes held by category; 0 = unlimited"},
 
@@ -658,6 +671,9 @@ class ConfigReader {
     return given == given_.end() ? "" : given->second.where;
   }
 
+  // Keys given so far (the file's, before any override).
+  size_t keys_given() const { return given_.size(); }
+
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
     std::string location = where(key);
     if (location.empty()) location = source_;
@@ -755,9 +771,9 @@ std::vector<std::string> divisors_of(int n) {
 
 // The range as a message ("must be >= 1") and as the docs' "allowed" column ("≥ 1").
 std::string range_rule(const Range& range) {
+  std::string rule = range.zero_allowed ? "must be 0 or" : "must be";
   if (range.has_low && range.has_high && !range.low_open && !range.high_open)
-    return "must be between " + format_double(range.low) + " and " + format_double(range.high);
-  std::string rule = "must be";
+    return rule + " between " + format_double(range.low) + " and " + format_double(range.high);
   if (range.has_low) rule += (range.low_open ? " > " : " >= ") + format_double(range.low);
   if (range.has_low && range.has_high) rule += " and";
   if (range.has_high) rule += (range.high_open ? " < " : " <= ") + format_double(range.high);
@@ -765,17 +781,51 @@ std::string range_rule(const Range& range) {
 }
 
 std::string range_docs(const Range& range) {
-  if (!range.has_high) return (range.low_open ? "> " : "≥ ") + format_double(range.low);
-  if (!range.low_open && !range.high_open)
-    return format_double(range.low) + " … " + format_double(range.high);
-  return (range.low_open ? "(" : "[") + format_double(range.low) + ", " +
-         format_double(range.high) + (range.high_open ? ")" : "]");
+  std::string docs = range.zero_allowed ? "0 or " : "";
+  if (!range.has_high)
+    docs += (range.low_open ? "> " : "≥ ") + format_double(range.low);
+  else if (!range.low_open && !range.high_open)
+    docs += format_double(range.low) + " … " + format_double(range.high);
+  else
+    docs += (range.low_open ? "(" : "[") + format_double(range.low) + ", " +
+            format_double(range.high) + (range.high_open ? ")" : "]");
+  if (range.fp32) docs += " in fp32";
+  return docs;
 }
 
 bool in_range(const Range& range, double value) {
+  if (range.zero_allowed && value == 0.0) return true;
   if (range.has_low && !(range.low_open ? value > range.low : value >= range.low)) return false;
   if (range.has_high && !(range.high_open ? value < range.high : value <= range.high)) return false;
   return true;
+}
+
+std::string format_float(float value) {
+  char text[32];
+  auto result = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, result.ptr);
+}
+
+// What is wrong with a key's value once rounded to fp32 (Range::fp32), or "".
+std::string fp32_problem(const Range& range, double value) {
+  const std::string why = " in fp32, which training computes in";
+  constexpr float kSmallest = std::numeric_limits<float>::min();  // normal: not flushed to 0
+  constexpr float kLargest = std::numeric_limits<float>::max();
+  if (value != 0.0 && std::abs(value) < double(kSmallest))
+    return format_double(value) + " is below " + format_float(kSmallest) +
+           ", the smallest normal number" + why + " (it would be 0 or lose its precision there)";
+  if (std::abs(value) > double(kLargest))
+    return format_double(value) + " is above " + format_float(kLargest) + ", the largest number" +
+           why;
+  const float rounded = float(value);
+  if (in_range(range, double(rounded))) return "";
+  std::string problem = format_double(value) + " is " + format_float(rounded) + why + "; " +
+                        range_rule(range) + " there";
+  if (range.has_high && range.high_open && double(rounded) >= range.high)
+    problem += " (at most " +
+               format_float(std::nextafter(float(range.high), -std::numeric_limits<float>::max())) +
+               ")";
+  return problem;
 }
 
 // The ranges of the key table; a choice was checked as it was read (ConfigReader::fill).
@@ -790,6 +840,10 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
           if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double>) {
             if (!in_range(*field.range, double(value)))
               reader.fail(field.key, range_rule(*field.range) + ", got " + format_value(value));
+            if (field.range->fp32) {
+              const std::string problem = fp32_problem(*field.range, double(value));
+              if (!problem.empty()) reader.fail(field.key, problem);
+            }
           }
         },
         field.ref);
@@ -803,15 +857,6 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
       reader.fail("memory.tiled_mlp", "'" + tiled +
                                           "' is not allowed; use false, auto or a tile "
                                           "count >= 1");
-  }
-  // A limit that rounds to a few bytes is a typo for 0 (no limit), and the byte count must
-  // fit an int64.
-  constexpr double kSmallestLimitGib = 1e-6, kLargestLimitGib = 1024.0 * 1024.0 * 1024.0;
-  if (c.memory.limit_gib > 0.0 &&
-      (c.memory.limit_gib < kSmallestLimitGib || c.memory.limit_gib > kLargestLimitGib)) {
-    reader.fail("memory.limit_gib", "must be 0 (no limit) or between 1e-06 (about 1 KiB) and " +
-                                        format_double(kLargestLimitGib) + " (1 EiB), got " +
-                                        format_double(c.memory.limit_gib));
   }
 }
 
@@ -870,6 +915,15 @@ void check_model_size(const ConfigReader& reader, const Config& c) {
     reader.fail("train.seq_len", "one activation of " + reader.show(c, "train.batch_size") +
                                      " sequences of " + std::to_string(c.train.seq_len) +
                                      " tokens would exceed 1 PiB; lower the batch or the length");
+  }
+  for (const SeqLenStage& stage : parse_seq_len_schedule(c.train.seq_len_schedule)) {
+    const long double batch = stage.batch_size > 0 ? stage.batch_size : c.train.batch_size;
+    if (4.0L * batch * stage.seq_len * std::max(C, F) > kMaxActivationBytes)
+      reader.fail("train.seq_len_schedule",
+                  "one activation of the stage from step " + std::to_string(stage.first_step) +
+                      ", " + std::to_string(int64_t(batch)) + " sequences of " +
+                      std::to_string(stage.seq_len) +
+                      " tokens, would exceed 1 PiB; lower its batch or length");
   }
 }
 
@@ -1009,28 +1063,38 @@ const Architecture& architecture(Family family) {
 }
 
 Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                    const std::string& source_name) {
+                    const std::string& source_name, std::vector<std::string>* warnings) {
   ConfigReader reader(source_name);
   reader.read_file_tree(yaml_text);
+  const bool file_sets_keys = reader.keys_given() > 0;
   for (const std::string& override_text : overrides) reader.apply_override(override_text);
   Config config;
   reader.fill(config);
   check_ranges(reader, config);
   resolve_defaults(reader, config);
   check_cross_keys(reader, config);
+  if (warnings && !file_sets_keys) {
+    const Config defaults;
+    warnings->push_back(source_name +
+                        ": the config sets no keys, so every key not given with --set has its "
+                        "default (docs/configuration.md): " +
+                        std::to_string(defaults.train.steps) + " steps of a " +
+                        std::to_string(defaults.model.n_layers) + "-layer " +
+                        name_of(defaults.model.family) + " model on the " +
+                        name_of(defaults.data.source) + " task");
+  }
   return config;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error))
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   std::vector<std::string>* warnings) {
+  if (input_folder_problem(path).empty())
     throw ConfigError(path +
                       ": is a folder; --config takes a YAML file (e.g. configs/passkey-sp4.yaml)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": config file does not exist or cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), overrides, path);
+  InputFile file(path);
+  std::string text;
+  if (!file.read_all(text)) throw ConfigError("config file " + file.problem());
+  return parse_config(text, overrides, path, warnings);
 }
 
 void validate_for_world(const Config& config, int world_size) {

@@ -197,12 +197,20 @@ struct Config {
 int64_t mlp_tiles(const MemoryConfig& memory, int64_t rows, int d_model, int d_ff,
                   int intermediates);
 
-// Reads a YAML file, applies "a.b=value" overrides, checks every key, type and range and
-// fills defaults that depend on other keys. Throws ConfigError naming the key and line.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Reads a YAML file (a regular file: data/input_file.h), applies "a.b=value" overrides, checks
+// every key, type and range and fills defaults that depend on other keys. Throws ConfigError
+// naming the key and line. What is valid but likely not meant (a file that sets no key) is
+// added to *warnings when given.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   std::vector<std::string>* warnings = nullptr);
 // Same, from YAML text (tests); source_name appears in messages.
 Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                    const std::string& source_name);
+                    const std::string& source_name, std::vector<std::string>* warnings = nullptr);
+
+// memory.limit_gib and `plan --device-gib`: a smaller limit rounds to a few bytes (a typo for
+// 0, no limit), a larger one's byte count would not fit an int64.
+constexpr double kSmallestLimitGib = 1e-6;
+constexpr double kLargestLimitGib = 1073741824.0;  // 2^30 GiB = 1 EiB
 
 // The largest model this build handles (beyond, the parameter table's arithmetic and the
 // buffers would overflow before an allocation could fail cleanly), and the parameter

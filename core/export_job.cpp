@@ -7,10 +7,24 @@
 
 #include "core/checkpoint_format.h"
 #include "core/checkpoint_weights.h"
+#include "core/file_util.h"
 #include "core/params.h"
 #include "core/weights_io_formats.h"
 
 namespace ulysses {
+
+std::string export_out_problem(const ExportOptions& options) {
+  if (options.format == "llmc") {
+    const std::string problem = output_file_problem(options.out);
+    return problem.empty() ? "" : "--out: " + problem + " (--format llmc writes one .bin file)";
+  }
+  std::error_code error;
+  if (std::filesystem::exists(options.out, error) &&
+      !std::filesystem::is_directory(options.out, error))
+    return "--out: '" + options.out +
+           "' exists and is not a folder (--format hf-llama writes a folder)";
+  return "";
+}
 
 void export_checkpoint(const ExportOptions& options) {
   std::string folder = options.checkpoint;

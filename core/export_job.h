@@ -12,6 +12,11 @@ struct ExportOptions {
   std::string out;         // hf-llama: a folder; llmc: a .bin file
 };
 
+// Why --out cannot take the export (a folder where llmc's file goes, a file where hf-llama's
+// folder goes, a parent folder that does not exist), or "": checked before the checkpoint is
+// read.
+std::string export_out_problem(const ExportOptions& options);
+
 // Verifies the checkpoint, then writes its weights. Errors name the file and the problem
 // (CheckpointError for the checkpoint, WeightsError for a model the format cannot hold).
 void export_checkpoint(const ExportOptions& options);

@@ -7,10 +7,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 #include <stdexcept>
 #include <vector>
+
+#include "data/input_file.h"
 
 namespace ulysses {
 
@@ -41,17 +42,17 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
 }
 
 uint32_t crc32_of_file(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (!file) throw std::runtime_error(system_error("cannot read", path));
+  InputFile file(path);
+  if (!file.is_open()) throw std::runtime_error(file.problem());
   std::vector<char> chunk(1 << 20);
   uint32_t crc = 0;
-  size_t n;
-  while ((n = std::fread(chunk.data(), 1, chunk.size(), file)) > 0)
-    crc = crc32_update(crc, chunk.data(), n);
-  bool failed = std::ferror(file);
-  std::fclose(file);
-  if (failed) throw std::runtime_error(system_error("error reading", path));
-  return crc;
+  for (;;) {
+    const ssize_t n = ::read(file.fd(), chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(system_error("error reading", path));
+    if (n == 0) return crc;
+    crc = crc32_update(crc, chunk.data(), size_t(n));
+  }
 }
 
 void write_file_durably(const std::string& path, const std::string& text) {
@@ -72,11 +73,10 @@ void write_file_durably(const std::string& path, const std::string& text) {
 }
 
 std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(system_error("cannot read", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  InputFile file(path);
+  std::string text;
+  if (!file.read_all(text)) throw std::runtime_error(file.problem());
+  return text;
 }
 
 void fsync_directory(const std::string& path) {
@@ -85,6 +85,18 @@ void fsync_directory(const std::string& path) {
   int status = ::fsync(fd);
   ::close(fd);
   if (status != 0) throw std::runtime_error(system_error("cannot sync directory", path));
+}
+
+std::string output_file_problem(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) return "'" + path + "' is a folder, not a file";
+  std::string folder = std::filesystem::path(path).parent_path().string();
+  if (folder.empty()) folder = ".";
+  if (const std::string problem = input_folder_problem(folder); !problem.empty())
+    return "its folder " + problem;
+  if (::access(folder.c_str(), W_OK) != 0)
+    return "its folder '" + folder + "' cannot be written: " + std::strerror(errno);
+  return "";
 }
 
 void rename_or_throw(const std::string& from, const std::string& to) {

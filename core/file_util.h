@@ -1,5 +1,6 @@
-// Durable file operations for checkpoints: nothing is visible under its final name until
-// it is complete and on disk.
+// File operations: durable writes for checkpoints (nothing is visible under its final name
+// until it is complete and on disk), whole-file reads of regular files only
+// (data/input_file.h), and the check of a path a run writes later.
 #pragma once
 
 #include <cstdint>
@@ -9,14 +10,19 @@ namespace ulysses {
 
 // CRC-32 (IEEE) of a byte range, continuing from crc.
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
-// CRC-32 of a whole file; throws naming the file if it cannot be read.
+// CRC-32 of a whole file; throws naming the file if it is not a regular file or cannot be
+// read (data/input_file.h).
 uint32_t crc32_of_file(const std::string& path);
 
 // Writes text to path and fsyncs it.
 void write_file_durably(const std::string& path, const std::string& text);
+// The whole file; throws naming it as crc32_of_file does.
 std::string read_whole_file(const std::string& path);
 // fsync of a directory, so renames inside it are on disk.
 void fsync_directory(const std::string& path);
+// Why no file can be written at path (it is a folder, or its folder does not exist or cannot
+// be written), or "" when one can: for outputs checked when a run starts and written later.
+std::string output_file_problem(const std::string& path);
 // rename(2) that throws with both names on failure.
 void rename_or_throw(const std::string& from, const std::string& to);
 

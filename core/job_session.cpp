@@ -86,13 +86,16 @@ JobSession open_job(const std::string& config_path, const std::vector<std::strin
   world.set_watchdog(job.watchdog);
 
   std::string config_error;
+  std::vector<std::string> warnings;
   try {
-    job.config = load_config(config_path, overrides);
+    job.config = load_config(config_path, overrides, &warnings);
     validate_for_world(job.config, world.size());
   } catch (const ConfigError& error) {
     config_error = error.what();
   }
   agree_on_failure(world, config_error, ExitCode::bad_input);
+  if (world.rank() == 0)
+    for (const std::string& warning : warnings) spdlog::warn("{}", warning);
   check_same_job(world, job_identity(job.config, command));
   job.watchdog->set_timeout(job.config.parallel.timeout_s);
   if (!with_backend) return job;

@@ -48,4 +48,19 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   return plan;
 }
 
+std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu_threads) {
+  std::vector<SeqLenStage> stages = parse_seq_len_schedule(config.train.seq_len_schedule);
+  if (stages.empty()) stages.push_back({config.train.seq_len, 0, 0});
+  std::vector<StagePlan> plans;
+  for (SeqLenStage stage : stages) {
+    if (stage.batch_size == 0) stage.batch_size = config.train.batch_size;
+    Config shape = config;  // the stage as a run of its own
+    shape.train.seq_len_schedule.clear();
+    shape.train.seq_len = int(stage.seq_len);
+    shape.train.batch_size = int(stage.batch_size);
+    plans.push_back({stage, plan_memory(shape, world_size, cpu_threads).device_peak});
+  }
+  return plans;
+}
+
 }  // namespace ulysses

@@ -6,8 +6,10 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "core/config.h"
+#include "core/seq_len_schedule.h"
 #include "kernels/memory.h"
 
 namespace ulysses {
@@ -37,5 +39,14 @@ struct MemoryPlan {
 // Plans one step of config on rank 0 of world_size ranks. config must already be valid for
 // that world (load_config, validate_for_world). cpu_threads sizes the cpu attention tiles.
 MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads);
+
+// Each stage of train.seq_len_schedule planned as plan_memory plans the last (one entry, the
+// run's own shape, without a curriculum): a run builds the later stages' model only at their
+// step, so they are checked against memory.limit_gib when it starts.
+struct StagePlan {
+  SeqLenStage stage;  // batch_size resolved
+  int64_t device_peak = 0;
+};
+std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu_threads);
 
 }  // namespace ulysses

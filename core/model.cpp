@@ -138,8 +138,10 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   if (batch.batch != shape_.batch || batch.seq_local != shape_.seq_local ||
       batch.pos_offset != shape_.pos_offset)
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
-  backend_.upload(tokens_, batch.inputs.data());
-  backend_.upload(targets_, batch.targets.data());
+  if (!backend_.memory().planning()) {  // a planned step has shapes, no tokens
+    backend_.upload(tokens_, batch.inputs.data());
+    backend_.upload(targets_, batch.targets.data());
+  }
   // The last pass's copies may still read the device inputs this one overwrites.
   if (offload_moves_) backend_.wait_transfer(last_transfer_);
   weights.take(unit_of(R::token_embedding));

@@ -19,7 +19,7 @@
 namespace ulysses {
 
 // One rank's tokens of a micro-batch, on the host. inputs/targets are [batch, seq_local];
-// targets < 0 are not scored.
+// targets < 0 are not scored. Both are empty in a planned step (Trainer::plan_step).
 struct MicroBatch {
   int64_t batch = 0;
   int64_t seq_local = 0;

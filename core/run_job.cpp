@@ -1,11 +1,9 @@
 #include "core/run_job.h"
 
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <iostream>
 
 #include "core/checkpoint.h"
@@ -14,6 +12,7 @@
 #include "core/job_session.h"
 #include "core/memory_plan.h"
 #include "core/metrics.h"
+#include "core/start_checks.h"
 #include "core/trainer.h"
 #include "parallel/mesh.h"
 #include "parallel/watchdog.h"
@@ -48,19 +47,15 @@ void print_plan(const Config& config, int world_size) {
             << format_bytes(plan.device_peak) << "\n";
   std::cout << "# sent per step per rank: all-to-all " << format_bytes(plan.all_to_all_bytes)
             << "; more in ulysses-train plan --help\n";
-}
-
-// The metrics file is written by rank 0 after every step: found unwritable now, before the
-// model is built, rather than after the first step's compute.
-void check_metrics_file(Comm& world, const std::string& path) {
-  std::string error;
-  if (world.rank() == 0 && !path.empty()) {
-    std::ofstream probe(path, std::ios::app);
-    if (!probe)
-      error =
-          "log.metrics_file '" + path + "' cannot be opened for writing: " + std::strerror(errno);
-  }
-  agree_on_failure(world, error, ExitCode::bad_input);
+  if (config.train.seq_len_schedule.empty()) return;
+  // The run checks each stage against memory.limit_gib before its first step
+  // (core/start_checks.h).
+  const int64_t limit = memory_limit_bytes(config);
+  std::cout << "# train.seq_len_schedule, each stage planned (the plan above is the last):\n";
+  for (const StagePlan& stage : plan_stages(config, world_size, 1))
+    std::cout << "#   " << stage.stage.seq_len << "x" << stage.stage.batch_size << "@"
+              << stage.stage.first_step << ": step peak " << format_bytes(stage.device_peak)
+              << (limit > 0 && stage.device_peak > limit ? ", ABOVE memory.limit_gib" : "") << "\n";
 }
 
 }  // namespace
@@ -84,11 +79,13 @@ void run_job(const JobOptions& options, Comm& world) {
         job.progress_thread ? "a progress thread per rank" : "no progress thread");
   const std::string setup_warning = job.backend->setup_warning();
   if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
+  // Before the checkpoint folder is touched: a run that cannot go far leaves it as it was.
+  check_run_files(world, config);
+  check_stages_fit(world, config, omp_get_max_threads());
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
   prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
-  check_metrics_file(world, config.log.metrics_file);
   Trainer trainer(config, *job.backend, mesh);
   if (resume_folder.empty()) {
     Watchdog::SlowWork slow(job.watchdog.get(), "loading model.init_from");

@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "data/input_file.h"
+
 namespace ulysses {
 
 // The file format is little-endian and tensors are copied with memcpy.
@@ -242,27 +244,15 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t availabl
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error(error(std::string("cannot open: ") + std::strerror(errno)));
-  struct stat info;
-  if (::fstat(fd, &info) != 0) {
-    int saved = errno;
-    ::close(fd);
-    throw std::runtime_error(error(std::string("cannot stat: ") + std::strerror(saved)));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    throw std::runtime_error(error("not a regular file"));
-  }
-  const auto file_size = static_cast<uint64_t>(info.st_size);
+  InputFile file(path);
+  if (!file.is_open()) throw std::runtime_error("safetensors file " + file.problem());
+  const auto file_size = static_cast<uint64_t>(file.size());
   if (file_size < kHeaderLengthBytes) {
-    ::close(fd);
     throw std::runtime_error(error("file is " + std::to_string(file_size) +
                                    " bytes, shorter than the 8-byte header length"));
   }
-  void* mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int saved = errno;
-  ::close(fd);
+  void* mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+  const int saved = errno;
   if (mapping == MAP_FAILED) {
     throw std::runtime_error(error(std::string("cannot mmap: ") + std::strerror(saved)));
   }

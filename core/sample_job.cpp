@@ -46,7 +46,11 @@ std::vector<int32_t> prompt_tokens(const SampleOptions& options, const Config& c
           "--prompt is text for byte-level models (data.source: text); data.source "
           "is " +
           name_of(config.data.source) + ": give token ids with --prompt-tokens");
-    return std::vector<int32_t>(options.prompt.begin(), options.prompt.end());
+    // A token is a byte, 0 to 255: UTF-8 text beyond ASCII is bytes 128-255, as the text
+    // reader makes them (data/token_stream.h).
+    std::vector<int32_t> tokens;
+    for (const char byte : options.prompt) tokens.push_back(static_cast<unsigned char>(byte));
+    return tokens;
   }
   for (int32_t token : options.prompt_tokens)
     if (token < 0 || token >= config.model.vocab_size)

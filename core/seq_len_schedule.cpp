@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <stdexcept>
 
 namespace ulysses {
@@ -15,12 +16,15 @@ std::string trimmed(const std::string& text) {
   return text.substr(begin, end - begin);
 }
 
-// A whole non-negative decimal number, or -1.
+constexpr int64_t kNotANumber = -1, kTooLarge = -2;
+
+// A whole non-negative decimal number, kNotANumber, or kTooLarge beyond int64.
 int64_t whole_number(const std::string& text) {
-  if (text.empty() || text.size() > 12) return -1;
+  if (text.empty()) return kNotANumber;
   int64_t value = 0;
   for (char digit : text) {
-    if (!std::isdigit(static_cast<unsigned char>(digit))) return -1;
+    if (!std::isdigit(static_cast<unsigned char>(digit))) return kNotANumber;
+    if (value > (std::numeric_limits<int64_t>::max() - (digit - '0')) / 10) return kTooLarge;
     value = value * 10 + (digit - '0');
   }
   return value;
@@ -43,6 +47,9 @@ std::vector<SeqLenStage> parse_seq_len_schedule(const std::string& text) {
     const int64_t batch =
         times == std::string::npos ? 0 : whole_number(trimmed(shape.substr(times + 1)));
     const int64_t step = at == std::string::npos ? -1 : whole_number(trimmed(entry.substr(at + 1)));
+    if (length == kTooLarge || batch == kTooLarge || step == kTooLarge)
+      throw std::invalid_argument("entry '" + entry + "' holds a number above " +
+                                  std::to_string(std::numeric_limits<int64_t>::max()));
     if (length < 0 || batch < 0 || step < 0 || (times != std::string::npos && batch == 0))
       throw std::invalid_argument(
           "entry '" + entry +
@@ -56,6 +63,18 @@ std::vector<SeqLenStage> parse_seq_len_schedule(const std::string& text) {
 std::string seq_len_schedule_problem(const std::vector<SeqLenStage>& stages, int64_t seq_len,
                                      int64_t steps) {
   if (stages.empty()) return "";
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string stage =
+        "stage " + std::to_string(i + 1) + " (\"" + std::to_string(stages[i].seq_len) +
+        (stages[i].batch_size > 0 ? "x" + std::to_string(stages[i].batch_size) : std::string()) +
+        "@" + std::to_string(stages[i].first_step) + "\")";
+    if (stages[i].seq_len < 2)
+      return stage + " has length " + std::to_string(stages[i].seq_len) +
+             "; a length is at least 2 tokens, as train.seq_len";
+    if (stages[i].batch_size > std::numeric_limits<int>::max())
+      return stage + " has batch " + std::to_string(stages[i].batch_size) + ", above " +
+             std::to_string(std::numeric_limits<int>::max()) + ", the largest train.batch_size";
+  }
   if (stages.front().first_step != 0)
     return "the first stage starts at step " + std::to_string(stages.front().first_step) +
            "; it must start at step 0";

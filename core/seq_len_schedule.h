@@ -22,8 +22,9 @@ struct SeqLenStage {
 // the entry that does not parse; the rules between stages are checked by check_seq_len_schedule.
 std::vector<SeqLenStage> parse_seq_len_schedule(const std::string& text);
 
-// Returns the first problem with the stages, or "": the first starts at step 0, steps and
-// lengths increase, the last length is seq_len, every step is below steps, batches are >= 1.
+// Returns the first problem with the stages, or "": lengths are >= 2 and batches at most the
+// largest int (as train.seq_len and train.batch_size), the first starts at step 0, steps and
+// lengths increase, the last length is seq_len, every step is below steps.
 std::string seq_len_schedule_problem(const std::vector<SeqLenStage>& stages, int64_t seq_len,
                                      int64_t steps);
 

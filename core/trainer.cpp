@@ -198,12 +198,12 @@ StepResult Trainer::plan_step() {
   if (!backend_.memory().planning())
     throw std::logic_error("Trainer::plan_step outside planning mode");
   const TrainConfig& train = config_.train;
+  // Shapes only: a planned step has no tokens (Model::forward uploads none), so the plan's
+  // own memory does not grow with seq_len.
   MicroBatch batch;
   batch.batch = batch_size_;
   batch.seq_local = seq_local_;
   batch.pos_offset = int64_t(mesh_.sp_rank) * seq_local_;
-  batch.inputs.assign(size_t(batch.batch * seq_local_), 0);
-  batch.targets.assign(size_t(batch.batch * seq_local_), 0);
   const std::vector<MicroBatch> micro_batches(size_t(train.grad_accum), batch);
   return compute_step(micro_batches, double(train.grad_accum) * double(batch.batch * seq_local_));
 }

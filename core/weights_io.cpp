@@ -1,15 +1,11 @@
 #include "core/weights_io.h"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,6 +17,7 @@
 #include "core/file_util.h"
 #include "core/safetensors.h"
 #include "core/weights_io_formats.h"
+#include "data/input_file.h"
 
 namespace ulysses {
 
@@ -235,15 +232,14 @@ void open_hf_llama(const std::string& folder, const ModelConfig& model, const Pa
 
 void open_llmc(const std::string& path, const ModelConfig& model, const ParamTable& table,
                PretrainedWeights::Files& files) {
-  std::error_code error;
-  const uint64_t file_bytes = fs::file_size(path, error);
-  if (error) fail("cannot read " + in_quotes(path) + ": " + error.message());
+  const InputFile file(path);
+  if (!file.is_open()) fail("model.init_from " + file.problem());
+  const uint64_t file_bytes = uint64_t(file.size());
   if (file_bytes < uint64_t(kLlmcHeaderBytes))
     fail(in_quotes(path) + " is truncated: " + std::to_string(file_bytes) +
          " bytes, less than the 1024-byte header of an llm.c GPT-2 checkpoint");
-  std::ifstream in(path, std::ios::binary);
   int32_t header[kLlmcHeaderInts];
-  if (!in.read(reinterpret_cast<char*>(header), kLlmcHeaderBytes))
+  if (::pread(file.fd(), header, kLlmcHeaderBytes, 0) != ssize_t(kLlmcHeaderBytes))
     fail("cannot read the header of " + in_quotes(path));
   if (header[0] != kLlmcMagic)
     fail(in_quotes(path) + " is not an llm.c GPT-2 checkpoint: magic " + std::to_string(header[0]) +
@@ -391,8 +387,7 @@ void open_weights(const std::string& path, const ModelConfig& model, const Param
          kCheckpointManifestFile + " (a ulysses checkpoint), " + kHfConfigFile +
          " (a Hugging Face Llama model) nor an intact checkpoint step folder");
   }
-  if (fs::is_regular_file(path, error)) return open_llmc(path, model, table, files);
-  fail("model.init_from " + in_quotes(path) + " does not exist (or is not a file or folder)");
+  open_llmc(path, model, table, files);
 }
 
 // Errors of the files' readers name the file: they become WeightsError.
@@ -416,9 +411,9 @@ PretrainedWeights::PretrainedWeights(const std::string& path, const ModelConfig&
     : table_(&table) {
   as_weights_error([&] { open_weights(path, model, table, files_); });
   if (!files_.llmc_path.empty()) {
-    llmc_fd_ = ::open(files_.llmc_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (llmc_fd_ < 0)
-      fail("cannot read " + in_quotes(files_.llmc_path) + ": " + std::strerror(errno));
+    InputFile file(files_.llmc_path);
+    if (!file.is_open()) fail("model.init_from " + file.problem());
+    llmc_fd_ = file.release();
   }
 }
 

@@ -12,8 +12,8 @@ namespace ulysses {
 class DataFile {
  public:
   DataFile() = default;
-  // Records the file's size; throws DataError naming it when it cannot be opened or is not a
-  // regular file.
+  // Records the file's size; throws DataError naming it when it is not a regular file that can
+  // be opened (data/input_file.h).
   explicit DataFile(const std::string& path);
 
   const std::string& path() const { return path_; }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "data/dataset.h"
+#include "data/input_file.h"
 
 namespace ulysses {
 
@@ -54,14 +55,17 @@ std::vector<std::string> expand_glob(const std::string& pattern, const std::stri
 
 std::vector<std::string> list_folder(const std::string& folder, const std::string& key) {
   std::vector<std::string> files;
-  fs::recursive_directory_iterator it(folder), end;
-  for (; it != end; ++it) {
+  std::error_code error;
+  fs::recursive_directory_iterator it(folder, error), end;
+  for (; !error && it != end; it.increment(error)) {
+    std::error_code unreadable;  // an entry whose type cannot be read (a link loop) is no file
     if (is_hidden(it->path())) {
-      if (it->is_directory()) it.disable_recursion_pending();
+      if (it->is_directory(unreadable)) it.disable_recursion_pending();
       continue;
     }
-    if (it->is_regular_file()) files.push_back(it->path().string());
+    if (it->is_regular_file(unreadable)) files.push_back(it->path().string());
   }
+  if (error) throw DataError(key + ": cannot list folder '" + folder + "': " + error.message());
   if (files.empty()) throw DataError(key + ": folder '" + folder + "' holds no files");
   return files;
 }
@@ -71,16 +75,14 @@ std::vector<std::string> list_folder(const std::string& folder, const std::strin
 std::vector<std::string> resolve_data_files(const std::string& pattern, const std::string& key) {
   if (pattern.empty()) throw DataError(key + " is empty: give a file, a folder or a glob");
   std::vector<std::string> files;
-  std::error_code error;
   if (pattern.find_first_of("*?[") != std::string::npos) {
     files = expand_glob(pattern, key);
-  } else if (fs::is_directory(pattern, error)) {
+  } else if (input_folder_problem(pattern).empty()) {
     files = list_folder(pattern, key);
-  } else if (fs::exists(pattern, error)) {
-    if (!is_regular(pattern)) throw DataError(key + ": '" + pattern + "' is not a regular file");
-    files.push_back(pattern);
+  } else if (const std::string problem = input_file_problem(pattern); !problem.empty()) {
+    throw DataError(key + ": " + problem);
   } else {
-    throw DataError(key + ": '" + pattern + "' does not exist");
+    files.push_back(pattern);
   }
   // Byte order, not the locale's collation: every machine sees the same stream.
   std::sort(files.begin(), files.end());

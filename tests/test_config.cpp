@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -76,7 +78,8 @@ const std::vector<BadConfig> kBadConfigs = {
     {"no layers", "model:\n  n_layers: 0\n", "model.n_layers", 2, ">= 1"},
     {"zero d_model", "model:\n  d_model: 0\n", "model.d_model", 2, ">= 1"},
     {"zero loss tile", "memory:\n  loss_tile_tokens: 0\n", "memory.loss_tile_tokens", 2, ">= 1"},
-    {"negative memory limit", "memory:\n  limit_gib: -2\n", "memory.limit_gib", 2, ">= 0"},
+    {"negative memory limit", "memory:\n  limit_gib: -2\n", "memory.limit_gib", 2,
+     "must be 0 or between 1e-06"},
     {"log every zero", "log:\n  every: 0\n", "log.every", 2, ">= 1"},
     {"head chunks zero", "parallel:\n  head_chunks: 0\n", "parallel.head_chunks", 2, ">= 1"},
     {"zero stage 4", "parallel:\n  zero_stage: 4\n", "parallel.zero_stage", 2, "between 0 and 3"},
@@ -123,8 +126,9 @@ const std::vector<BadConfig> kBadConfigs = {
     {"integer below its type", "train:\n  steps: -99999999999\n", "train.steps", 2,
      "the smallest allowed is -2147483648"},
     {"tiny memory limit", "memory:\n  limit_gib: 1e-12\n", "memory.limit_gib", 2,
-     "must be 0 (no limit) or between 1e-06"},
-    {"huge memory limit", "memory:\n  limit_gib: 1e30\n", "memory.limit_gib", 2, "1 EiB"},
+     "must be 0 or between 1e-06 and 1073741824, got 1e-12"},
+    {"huge memory limit", "memory:\n  limit_gib: 1e30\n", "memory.limit_gib", 2,
+     "and 1073741824, got 1e+30"},
     {"unknown non-finite policy", "train:\n  on_nonfinite: ignore\n", "train.on_nonfinite", 2,
      "abort or skip"},
     {"no skips allowed", "train:\n  max_skipped_steps: 0\n", "train.max_skipped_steps", 2, ">= 1"},
@@ -135,7 +139,31 @@ const std::vector<BadConfig> kBadConfigs = {
     {"offload without checkpointing", "memory:\n  offload_checkpoints: true\n",
      "memory.offload_checkpoints", 2, "memory.activation_checkpointing = 'none'"},
     {"no traced steps", "log:\n  trace_steps: 0\n", "log.trace_steps", 2, ">= 1"},
-    {"negative watchdog timeout", "parallel:\n  timeout_s: -1\n", "parallel.timeout_s", 2, ">= 0"},
+    {"negative watchdog timeout", "parallel:\n  timeout_s: -1\n", "parallel.timeout_s", 2,
+     "must be 0 or >= 1, got -1"},
+    {"watchdog timeout below a second", "parallel:\n  timeout_s: 1e-9\n", "parallel.timeout_s", 2,
+     "must be 0 or >= 1, got 1e-09"},
+    {"bucket beyond int64 elements", "parallel:\n  bucket_mb: 1e300\n", "parallel.bucket_mb", 2,
+     "<= 1e+09, got 1e+300"},
+    {"beta2 that is 1 in fp32", "train:\n  beta2: 0.99999999\n", "train.beta2", 2,
+     "0.99999999 is 1 in fp32, which training computes in; must be >= 0 and < 1 there (at most "
+     "0.99999994)"},
+    {"beta1 that is 1 in fp32", "train:\n  beta1: 0.999999999\n", "train.beta1", 2, "is 1 in fp32"},
+    {"eps that is 0 in fp32", "train:\n  eps: 1e-46\n", "train.eps", 2,
+     "1e-46 is below 1.1754944e-38, the smallest normal number in fp32"},
+    {"eps that is subnormal in fp32", "train:\n  eps: 1e-40\n", "train.eps", 2,
+     "below 1.1754944e-38"},
+    {"lr that is infinite in fp32", "train:\n  lr: 1e39\n", "train.lr", 2,
+     "1e+39 is above 3.4028235e+38, the largest number in fp32"},
+    {"norm eps that is 0 in fp32", "model:\n  norm_eps: 1e-50\n", "model.norm_eps", 2,
+     "smallest normal number in fp32"},
+    {"schedule stage batch above int", "train:\n  seq_len_schedule: \"8x99999999999@0, 256@1\"\n",
+     "train.seq_len_schedule", 2, "has batch 99999999999, above 2147483647"},
+    {"schedule number above int64",
+     "train:\n  seq_len_schedule: \"8x99999999999999999999@0, 256@1\"\n", "train.seq_len_schedule",
+     2, "holds a number above 9223372036854775807"},
+    {"schedule stage of one token", "train:\n  seq_len_schedule: \"1@0, 256@1\"\n",
+     "train.seq_len_schedule", 2, "has length 1; a length is at least 2 tokens"},
     {"model too wide", "model:\n  d_model: 1073741824\n  n_heads: 4\n  d_ff: 64\n", "model.d_model",
      2, "supports at most 2^40"},
     {"model too deep", "model:\n  n_layers: 2147483647\n", "model.n_layers", 2,
@@ -144,6 +172,9 @@ const std::vector<BadConfig> kBadConfigs = {
      "model:\n  max_seq_len: 2000000000\ntrain:\n  seq_len: 2000000000\n  batch_size: "
      "2000000\n",
      "train.seq_len", 4, "would exceed 1 PiB"},
+    {"a stage's activations beyond a PiB",
+     "train:\n  seq_len: 65536\n  seq_len_schedule: \"32768x2147483647@0, 65536@1\"\n",
+     "train.seq_len_schedule", 3, "the stage from step 0, 2147483647 sequences of 32768 tokens"},
 };
 
 TEST(Config, EveryKindOfBadConfigNamesTheKeyLineAndWhatIsAllowed) {
@@ -170,8 +201,54 @@ TEST(Config, MissingFileIsAConfigError) {
     load_config("/nonexistent/run.yaml", {});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& error) {
-    EXPECT_TRUE(contains(error.what(), "/nonexistent/run.yaml")) << error.what();
+    EXPECT_TRUE(contains(error.what(), "'/nonexistent/run.yaml' does not exist")) << error.what();
   }
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    load_config(path, {});
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for " << path;
+  return "";
+}
+
+// A FIFO with no writer used to block the read forever; a link loop was "does not exist".
+TEST(Config, AConfigThatIsNotARegularFileIsRefusedWithoutBlocking) {
+  testing::TempDir dir;
+  ASSERT_EQ(mkfifo(dir.file("fifo.yaml").c_str(), 0600), 0);
+  EXPECT_TRUE(
+      contains(load_error(dir.file("fifo.yaml")),
+               "'" + dir.file("fifo.yaml") + "' is a FIFO (named pipe), not a regular file"));
+  std::filesystem::create_symlink("loop.yaml", dir.file("loop.yaml"));
+  EXPECT_TRUE(contains(load_error(dir.file("loop.yaml")), "is a symbolic link loop"));
+  EXPECT_TRUE(contains(load_error("/dev/null"), "'/dev/null' is a character device"));
+  EXPECT_TRUE(contains(load_error(dir.path()), "is a folder; --config takes a YAML file"));
+}
+
+TEST(Config, AConfigThatSetsNoKeyWarnsButAnyKeyDoesNot) {
+  std::vector<std::string> warnings;
+  parse_config("# nothing here\n", {"train.steps=3"}, "empty.yaml", &warnings);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_TRUE(contains(warnings[0], "empty.yaml: the config sets no keys")) << warnings[0];
+  EXPECT_TRUE(contains(warnings[0], "100 steps of a 2-layer llama model")) << warnings[0];
+  warnings.clear();
+  parse_config("model:\n", {}, "sections.yaml", &warnings);
+  EXPECT_EQ(warnings.size(), 1u);
+  warnings.clear();
+  parse_config("train:\n  steps: 3\n", {}, "run.yaml", &warnings);
+  EXPECT_TRUE(warnings.empty());
+}
+
+// The fp32 rule refuses only what fp32 cannot hold: the largest beta below 1 and the smallest
+// normal eps are accepted.
+TEST(Config, Fp32EdgesThatHoldAreAccepted) {
+  const Config config = parse_config("train:\n  beta2: 0.99999994\n  eps: 1.2e-38\n", {}, "c.yaml");
+  EXPECT_LT(float(config.train.beta2), 1.0f);
+  EXPECT_GT(float(config.train.eps), 0.0f);
+  EXPECT_EQ(parse_config("parallel:\n  timeout_s: 1\n", {}, "c.yaml").parallel.timeout_s, 1.0);
 }
 
 TEST(Config, LoadsAFileAndNamesItInErrors) {

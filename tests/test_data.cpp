@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/input_file.h"
 #include "data/synthetic.h"
 #include "data/token_stream.h"
 #include "tests/testing.h"
@@ -498,7 +500,8 @@ TEST(TokenData, ShardThatChangesDuringTheRunIsAnErrorNamingItAndBothSizes) {
   std::filesystem::remove(path);
   message =
       data_error_message([&] { dataset->read_slice(2, 0, 64, inputs.data(), targets.data()); });
-  EXPECT_NE(message.find(was + ", and now it is gone"), std::string::npos) << message;
+  EXPECT_NE(message.find(was + ", and now '" + path + "' does not exist"), std::string::npos)
+      << message;
 }
 
 TEST(TextData, FileThatGrowsDuringTheRunIsAnError) {
@@ -526,6 +529,65 @@ TEST(TokenData, MissingFilesAndEmptyGlobsAreErrors) {
   message = data_error_message(
       [&] { make_dataset(tokens_config(dir.file("train_*.bin")), Split::train, 8, 50, 1); });
   EXPECT_NE(message.find("train_*.bin"), std::string::npos) << message;
+}
+
+// Every file a run reads goes through InputFile: a FIFO with no writer used to block open(2)
+// forever, and a symbolic link loop was reported as a path that does not exist.
+TEST(InputFile, RefusesWhatIsNotARegularFileWithoutBlockingAndNamesIt) {
+  TempDir dir;
+  ASSERT_EQ(mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  std::filesystem::create_symlink("loop", dir.file("loop"));
+  std::filesystem::create_symlink(dir.file("nowhere"), dir.file("dangling"));
+  write_text_file(dir.file("text"), "abc");
+  const std::pair<std::string, std::string> refused[] = {
+      {dir.file("fifo"), "is a FIFO (named pipe), not a regular file"},
+      {dir.file("loop"), "is a symbolic link loop (too many levels of symbolic links)"},
+      {dir.file("dangling"), "is a symbolic link to a path that does not exist"},
+      {dir.file("missing"), "does not exist"},
+      {dir.file("text/below"), "does not exist (a part of the path is a file, not a folder)"},
+      {dir.path(), "is a folder, not a file"},
+      {"/dev/null", "is a character device, not a regular file"},
+  };
+  for (const auto& [path, problem] : refused) {
+    InputFile file(path);
+    EXPECT_FALSE(file.is_open()) << path;
+    EXPECT_EQ(file.problem(), "'" + path + "' " + problem);
+    EXPECT_EQ(input_file_problem(path), file.problem());
+  }
+  InputFile text(dir.file("text"));
+  std::string content;
+  ASSERT_TRUE(text.read_all(content)) << text.problem();
+  EXPECT_EQ(content, "abc");
+  EXPECT_EQ(text.size(), 3);
+  EXPECT_EQ(input_folder_problem(dir.path()), "");
+  EXPECT_EQ(input_folder_problem(dir.file("text")),
+            "'" + dir.file("text") + "' is a file, not a folder");
+  EXPECT_EQ(
+      input_folder_problem(dir.file("loop")),
+      "'" + dir.file("loop") + "' is a symbolic link loop (too many levels of symbolic links)");
+}
+
+TEST(TokenData, DataPathsThatAreNotRegularFilesAreNamedAsWhatTheyAre) {
+  TempDir dir;
+  ASSERT_EQ(mkfifo(dir.file("fifo.bin").c_str(), 0600), 0);
+  std::filesystem::create_symlink("loop.bin", dir.file("loop.bin"));
+  auto message = [](const std::string& path) {
+    try {
+      resolve_data_files(path, "data.path");
+    } catch (const DataError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(dir.file("fifo.bin")),
+            "data.path: '" + dir.file("fifo.bin") + "' is a FIFO (named pipe), not a regular file");
+  EXPECT_EQ(message(dir.file("loop.bin")), "data.path: '" + dir.file("loop.bin") +
+                                               "' is a symbolic link loop (too many levels of "
+                                               "symbolic links)");
+  // In a folder, what is not a regular file is not data: the folder's files are.
+  write_token_shard(dir.file("shard.bin"), std::vector<int32_t>(10, 1), 1);
+  EXPECT_EQ(resolve_data_files(dir.path(), "data.path"),
+            std::vector<std::string>{dir.file("shard.bin")});
 }
 
 TEST(TokenData, TokenAboveVocabularyIsReportedWhenItsSliceIsRead) {

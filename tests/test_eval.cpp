@@ -79,8 +79,8 @@ TEST_F(EvalCommand, BadArgumentsExitTwoSayingWhy) {
       {"", "give the weights: --checkpoint DIR or --init-from PATH"},
       {"--checkpoint " + dir_.file("ckpt") + " --init-from " + dir_.file("ckpt"),
        "--checkpoint excludes --init-from"},
-      {"--checkpoint " + dir_.file("missing"), "Directory does not exist"},
-      {"--init-from " + dir_.file("missing"), "Path does not exist"},
+      {"--checkpoint " + dir_.file("missing"), "missing' does not exist"},
+      {"--init-from " + dir_.file("missing"), "missing' does not exist"},
       {"--checkpoint " + dir_.file("empty"), "no manifest.json and no step_* folders"},
       {"--checkpoint " + dir_.file("ckpt") + " --set model.d_model=64", "d_model"},
   };

@@ -48,7 +48,7 @@ TEST(MpiEvalErrors, AMissingCheckpointExitsTwoOnEveryRankAndSampleRefusesTwoRank
   const auto missing = run_command(
       on_two_ranks("eval --config " + dir.file("c.yaml") + " --checkpoint " + dir.file("missing")));
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
-  EXPECT_NE(missing.output.find("Directory does not exist"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("missing' does not exist"), std::string::npos) << missing.output;
   const auto sample = run_command(
       on_two_ranks("sample --config " + dir.file("c.yaml") + " --init-from " + dir.file("c.yaml")));
   EXPECT_EQ(sample.exit_code, 2) << sample.output;

@@ -224,7 +224,7 @@ TEST(Safetensors, ReadErrorsNameTheFileAndTheProblem) {
   std::string path;
   auto next = [&](const std::string& name) { return path = dir.file(name); };
 
-  expect_open_error(next("missing.safetensors"), "cannot open");
+  expect_open_error(next("missing.safetensors"), "missing.safetensors' does not exist");
 
   write_bytes(next("empty.safetensors"), {});
   expect_open_error(path, "shorter than the 8-byte header length");
