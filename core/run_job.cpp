@@ -84,12 +84,15 @@ void run_job(const JobOptions& options, Comm& world) {
         job.progress_thread ? "a progress thread per rank" : "no progress thread");
   const std::string setup_warning = job.backend->setup_warning();
   if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
+  recover_checkpoint_dir(world, config.train.checkpoint.dir);
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
-  prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
+  std::vector<std::string> replaced =
+      prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
   check_metrics_file(world, config.log.metrics_file);
   Trainer trainer(config, *job.backend, mesh);
+  trainer.replace_after_first_save(std::move(replaced));
   if (resume_folder.empty()) {
     Watchdog::SlowWork slow(job.watchdog.get(), "loading model.init_from");
     trainer.load_initial_weights();

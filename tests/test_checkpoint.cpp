@@ -23,6 +23,9 @@ using testing::TempDir;
 
 const std::string kTrain = ULYSSES_TRAIN_BIN;
 
+#define EXPECT_MENTIONS(text, fragment) \
+  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
+
 std::string config_yaml(const std::string& family, const std::string& data_yaml,
                         const std::string& checkpoint_dir, const std::string& metrics,
                         int steps = 6) {
@@ -237,28 +240,123 @@ TEST_F(CheckpointFixture, FreshRunIntoAFolderWithCheckpointsIsRefusedAndTouchesN
   EXPECT_EQ(testing::read_text_file(dir_.file("m.jsonl")), metrics_before) << "it trained";
 }
 
-TEST_F(CheckpointFixture, OverwriteStartsOverAndRemovesTheEarlierRunsCheckpoints) {
+TEST_F(CheckpointFixture, OverwriteReplacesTheEarlierRunOnceItsFirstCheckpointIsVerified) {
+  const std::string old_weights = testing::read_text_file(step(1) + "/model.safetensors");
   auto run = run_command(kTrain + " --config " + dir_.file("c.yaml") +
-                         " --set train.checkpoint.overwrite=true --set train.steps=2");
+                         " --set train.checkpoint.overwrite=true --set train.steps=2 "
+                         "--set train.seed=9");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_NE(run.output.find("deleting the 6 checkpoint(s) of an earlier run"), std::string::npos)
-      << run.output;
+  EXPECT_MENTIONS(run.output, "this run replaces the 6 checkpoint(s) of an earlier run");
+  EXPECT_MENTIONS(run.output, "they stay until it has written and verified its first checkpoint");
+  EXPECT_MENTIONS(run.output,
+                  "step_00000001 is written and verified; deleted the 6 checkpoint(s) it replaces");
   const auto folders = checkpoint_step_folders(dir_.file("ckpt"));
   ASSERT_EQ(folders.size(), 2u);
   EXPECT_EQ(folders[0].first, 2);
   EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000002\n");
+  EXPECT_NE(testing::read_text_file(step(1) + "/model.safetensors"), old_weights);
+  EXPECT_FALSE(fs::exists(dir_.file(std::string("ckpt/") + kOverwritePendingFolder)));
+}
+
+// Issue 26: an overwrite used to delete the earlier run's checkpoints first and then fail on
+// its own bad input. Each failure below comes after the run decided to replace them (it says
+// so), before its first checkpoint: the old ones must be exactly as they were.
+TEST_F(CheckpointFixture, OverwriteThatFailsBeforeItsFirstCheckpointLeavesTheOldOnesByteForByte) {
+  const auto before = testing::snapshot_files(dir_.file("ckpt"));
+  std::vector<int32_t> tokens(400);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 300);
+  tokens[9] = 1000;
+  write_token_shard(dir_.file("bad-token.bin"), tokens, 1);
+  testing::write_text_file(dir_.file("garbage.bin"), "not a model");
+  struct Failure {
+    std::string name, overrides, message;
+    bool after_the_decision;  // the run got as far as deciding to replace them
+  };
+  const std::vector<Failure> failures = {
+      {"missing data.path",
+       "--set data.source=text --set data.path=" + dir_.file("no-such.txt"),
+       "no-such.txt' does not exist", true},
+      {"bad model.init_from", "--set model.init_from=" + dir_.file("garbage.bin"),
+       dir_.file("garbage.bin"), true},
+      {"token >= vocab",
+       "--set data.source=tokens --set model.vocab_size=300 --set data.path=" +
+           dir_.file("bad-token.bin"),
+       "is 1000, not below model.vocab_size = 300", true},
+      // Exceeded at run time today; a check at start would refuse it before the decision.
+      {"memory limit", "--set memory.limit_gib=0.0005", "memory.limit_gib", false}};
+  for (const Failure& failure : failures) {
+    auto run = run_command(kTrain + " --config " + dir_.file("c.yaml") +
+                           " --set train.checkpoint.overwrite=true " + failure.overrides);
+    EXPECT_TRUE(run.exit_code == 1 || run.exit_code == 2) << failure.name << "\n" << run.output;
+    EXPECT_MENTIONS(run.output, failure.message);
+    if (failure.after_the_decision)
+      EXPECT_MENTIONS(run.output, "this run replaces the 6 checkpoint(s) of an earlier run");
+    EXPECT_EQ(testing::snapshot_files(dir_.file("ckpt")), before) << failure.name;
+  }
 }
 
 TEST_F(CheckpointFixture, ResumingAnOlderStepIntoTheFolderOfNewerOnesIsRefused) {
   auto run = resume(step(3));
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("resumes from step 3"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("newer intact checkpoint (" + step(6) + ")"), std::string::npos)
+  EXPECT_NE(run.output.find("newer intact checkpoint (" + step(6) + ", step 6)"),
+            std::string::npos)
       << run.output;
   EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000006\n");
   // Into another folder it is an ordinary resume.
   auto elsewhere = resume(step(3), " --set train.checkpoint.dir=" + dir_.file("other"));
   EXPECT_EQ(elsewhere.exit_code, 0) << elsewhere.output;
+}
+
+// The state a full disk leaves (issue 26): step folders were published but `latest` could
+// not be rewritten, so it names an older step than the newest intact folder. The folders
+// decide: nothing resumes the older step over the newer ones unless told to.
+TEST(CheckpointStaleLatest, TheNewestIntactStepFolderDecidesNotLatest) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  const std::string ckpt = dir.file("ckpt");
+  testing::write_text_file(dir.file("c.yaml"),
+                           config_yaml("llama", data, ckpt, dir.file("m.jsonl"), 8));
+  const std::string train = kTrain + " --config " + dir.file("c.yaml");
+  ASSERT_EQ(run_command(train).exit_code, 0);
+  testing::write_text_file(ckpt + "/latest", "step_00000006\n");
+  const std::string step6 = ckpt + "/step_00000006", step8 = ckpt + "/step_00000008";
+  const auto before = testing::snapshot_files(ckpt);
+
+  auto older = run_command(train + " --resume " + step6);
+  EXPECT_EQ(older.exit_code, 2) << older.output;
+  EXPECT_MENTIONS(older.output, "this run resumes from step 6 (" + step6 + ")");
+  EXPECT_MENTIONS(older.output, "holds a newer intact checkpoint (" + step8 + ", step 8)");
+  EXPECT_MENTIONS(older.output, "To continue from the newest use --resume auto");
+  EXPECT_MENTIONS(older.output, "set train.checkpoint.overwrite: true");
+  EXPECT_EQ(testing::snapshot_files(ckpt), before);
+
+  for (const std::string& resume : {std::string("auto"), ckpt}) {
+    auto newest = run_command(train + " --resume " + resume);
+    EXPECT_EQ(newest.exit_code, 0) << newest.output;
+    EXPECT_MENTIONS(newest.output, "latest names step_00000006, but the newest intact checkpoint "
+                                   "there is step_00000008");
+    EXPECT_MENTIONS(newest.output, "checkpoint at step 8, train.steps is 8: nothing to train");
+    // Steps 7 and 8 survive; `latest` follows them.
+    auto after = testing::snapshot_files(ckpt);
+    EXPECT_EQ(after.at("latest"), "step_00000008\n");
+    after["latest"] = before.at("latest");
+    EXPECT_EQ(after, before);
+    testing::write_text_file(ckpt + "/latest", "step_00000006\n");
+  }
+
+  // Told to, it goes back to step 6 and replaces steps 7 and 8 with its own.
+  auto back = run_command(train + " --resume " + step6 +
+                          " --set train.checkpoint.overwrite=true --set train.lr=1e-3");
+  EXPECT_EQ(back.exit_code, 0) << back.output;
+  EXPECT_MENTIONS(back.output, "resumes from step 6 and replaces the 2 newer checkpoint(s)");
+  const auto after = testing::snapshot_files(ckpt);
+  EXPECT_EQ(after.at("step_00000006/model.safetensors"),
+            before.at("step_00000006/model.safetensors"));
+  EXPECT_NE(after.at("step_00000008/model.safetensors"),
+            before.at("step_00000008/model.safetensors"));
+  EXPECT_EQ(after.at("latest"), "step_00000008\n");
 }
 
 TEST_F(CheckpointFixture, ResumingAFinishedRunSaysThereIsNothingToTrain) {
