@@ -104,8 +104,8 @@ std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
     const int64_t newest_step = read_trainer_state(newest).step;
     if (newest_step > resume_step && !checkpoint.overwrite)
       return "this run resumes from step " + std::to_string(resume_step) + " (" + resume_folder +
-             ") but train.checkpoint.dir '" + dir + "' holds a newer intact checkpoint (" +
-             newest + ", step " + std::to_string(newest_step) +
+             ") but train.checkpoint.dir '" + dir + "' holds a newer intact checkpoint (" + newest +
+             ", step " + std::to_string(newest_step) +
              ") that it would overwrite. To continue from the newest use --resume auto; to go " +
              "back to step " + std::to_string(resume_step) + " and replace the newer " +
              "checkpoints set train.checkpoint.overwrite: true (they stay until this run has " +

@@ -117,7 +117,7 @@ class Trainer {
   std::optional<double> last_loss_;  // of the last step, when finite (recorded in checkpoints)
   int skipped_in_a_row_ = 0;
   DivergenceGuard guard_;  // spikes, and the checkpoint to go back to
-  RunProfile profile_;  // the phases of this run's steps
+  RunProfile profile_;     // the phases of this run's steps
   VerdictContext verdict_context_;
   std::vector<TraceSpan> trace_;  // of the first log.trace_steps steps
   // Time of the steps since the model was last built for a curriculum stage (the ETA).

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint.h"
@@ -273,8 +276,7 @@ TEST_F(CheckpointFixture, OverwriteThatFailsBeforeItsFirstCheckpointLeavesTheOld
     bool after_the_decision;  // the run got as far as deciding to replace them
   };
   const std::vector<Failure> failures = {
-      {"missing data.path",
-       "--set data.source=text --set data.path=" + dir_.file("no-such.txt"),
+      {"missing data.path", "--set data.source=text --set data.path=" + dir_.file("no-such.txt"),
        "no-such.txt' does not exist", true},
       {"bad model.init_from", "--set model.init_from=" + dir_.file("garbage.bin"),
        dir_.file("garbage.bin"), true},
@@ -299,8 +301,7 @@ TEST_F(CheckpointFixture, ResumingAnOlderStepIntoTheFolderOfNewerOnesIsRefused) 
   auto run = resume(step(3));
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("resumes from step 3"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("newer intact checkpoint (" + step(6) + ", step 6)"),
-            std::string::npos)
+  EXPECT_NE(run.output.find("newer intact checkpoint (" + step(6) + ", step 6)"), std::string::npos)
       << run.output;
   EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000006\n");
   // Into another folder it is an ordinary resume.
@@ -335,8 +336,9 @@ TEST(CheckpointStaleLatest, TheNewestIntactStepFolderDecidesNotLatest) {
   for (const std::string& resume : {std::string("auto"), ckpt}) {
     auto newest = run_command(train + " --resume " + resume);
     EXPECT_EQ(newest.exit_code, 0) << newest.output;
-    EXPECT_MENTIONS(newest.output, "latest names step_00000006, but the newest intact checkpoint "
-                                   "there is step_00000008");
+    EXPECT_MENTIONS(newest.output,
+                    "latest names step_00000006, but the newest intact checkpoint "
+                    "there is step_00000008");
     EXPECT_MENTIONS(newest.output, "checkpoint at step 8, train.steps is 8: nothing to train");
     // Steps 7 and 8 survive; `latest` follows them.
     auto after = testing::snapshot_files(ckpt);
@@ -458,6 +460,65 @@ TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
     for (size_t i = 0; i < losses.size(); ++i)
       EXPECT_EQ(losses[i], reference[first + i]) << "trial " << trial << " step " << first + i + 1;
   }
+}
+
+// SIGKILL of a run that replaces an earlier run's checkpoints (train.checkpoint.overwrite), at
+// moments from start-up to after its first checkpoint. Once the next run has recovered the
+// folder, the earlier checkpoints are either all there, byte for byte, or all gone (replaced by
+// the new run's, which differ: another seed); never some of them.
+TEST(CheckpointKill, OverwriteSurvivesSigkillAtTwelveMoments) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  testing::write_text_file(dir.file("old.yaml"),
+                           config_yaml("llama", data, dir.file("old"), dir.file("old.jsonl")));
+  ASSERT_EQ(run_command(kOneThread + kTrain + " --config " + dir.file("old.yaml")).exit_code, 0);
+  std::map<std::string, std::string> old_checkpoints = testing::snapshot_files(dir.file("old"));
+  old_checkpoints.erase("latest");
+  // The kills spread over an uninterrupted overwrite run (start-up takes most of it, then the
+  // first checkpoint and its replacement, the next steps), however loaded the machine is.
+  fs::copy(dir.file("old"), dir.file("timed"), fs::copy_options::recursive);
+  testing::write_text_file(dir.file("timed.yaml"),
+                           config_yaml("llama", data, dir.file("timed"), dir.file("t.jsonl"), 30));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(run_command(kOneThread + kTrain + " --config " + dir.file("timed.yaml") +
+                        " --set train.seed=9 --set train.checkpoint.overwrite=true")
+                .exit_code,
+            0);
+  const double run_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int kept = 0, replaced = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const std::string ckpt = dir.file("ckpt" + std::to_string(trial));
+    fs::copy(dir.file("old"), ckpt, fs::copy_options::recursive);
+    testing::write_text_file(dir.file("c.yaml"),
+                             config_yaml("llama", data, ckpt, dir.file("m.jsonl"), 30));
+    char kill_after[32];
+    std::snprintf(kill_after, sizeof kill_after, "%.3f", run_seconds * (trial + 0.5) / 12);
+    run_command(kOneThread + "timeout -s KILL " + std::string(kill_after) + " " + kTrain +
+                " --config " + dir.file("c.yaml") +
+                " --set train.seed=9 --set train.checkpoint.overwrite=true");
+    // Recovery only: whatever it resumes is at or past step 1, so nothing trains.
+    auto next = run_command(kOneThread + kTrain + " --config " + dir.file("c.yaml") +
+                            " --resume auto --set train.steps=1");
+    ASSERT_EQ(next.exit_code, 0) << "trial " << trial << "\n" << next.output;
+    const std::string where = "trial " + std::to_string(trial);
+    EXPECT_FALSE(fs::exists(ckpt + "/" + kOverwritePendingFolder)) << where;
+    expect_no_torn_checkpoint(ckpt, where);
+    const std::map<std::string, std::string> now = testing::snapshot_files(ckpt);
+    int old_files_there = 0;
+    for (const auto& [path, bytes] : old_checkpoints) {
+      auto found = now.find(path);
+      old_files_there += found != now.end() && found->second == bytes;
+    }
+    EXPECT_TRUE(old_files_there == 0 || old_files_there == int(old_checkpoints.size()))
+        << where << ": " << old_files_there << " of the " << old_checkpoints.size()
+        << " files of the earlier run are left\n"
+        << next.output;
+    (old_files_there == 0 ? replaced : kept) += 1;
+  }
+  // How the kills fell, for the log: both outcomes are right.
+  std::printf("earlier checkpoints kept in %d trials, replaced in %d\n", kept, replaced);
 }
 
 // A long run in dir in which only a stop signal writes a checkpoint; returns its config.

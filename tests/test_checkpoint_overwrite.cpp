@@ -30,8 +30,8 @@ void make_checkpoint(const std::string& folder, int64_t step, const std::string&
   CheckpointManifest manifest;
   manifest.step = step;
   const std::string file = folder + "/" + kCheckpointModelFile;
-  manifest.files.push_back({kCheckpointModelFile, uint64_t(fs::file_size(file)),
-                            crc32_of_file(file)});
+  manifest.files.push_back(
+      {kCheckpointModelFile, uint64_t(fs::file_size(file)), crc32_of_file(file)});
   testing::write_text_file(folder + "/" + kCheckpointManifestFile, manifest_json(manifest));
 }
 

@@ -77,12 +77,13 @@ TEST(DivergenceGuard, ACheckpointIsGoodOnceTheStepAfterItWasNormal) {
   EXPECT_EQ(guard.good_checkpoint(), "ck/step_00000001");
   EXPECT_EQ(guard.record().good_step, 1);
   guard.checkpoint_saved(2, "ck/step_00000002");
-  guard.step_done(2, false, 5e13);  // step 3 measured step 2's weights: a spike
+  guard.step_done(2, false, 5e13);                // step 3 measured step 2's weights: a spike
   guard.checkpoint_saved(3, "ck/step_00000003");  // a skipped step: still step 2's weights
   guard.step_done(3, false, 6e13);
   EXPECT_EQ(guard.good_checkpoint(), "ck/step_00000001");
   const std::string advice = guard.go_back_advice();
-  EXPECT_MENTIONS(advice, "The newest checkpoint saved before the trouble began is ck/step_00000001");
+  EXPECT_MENTIONS(advice,
+                  "The newest checkpoint saved before the trouble began is ck/step_00000001");
   EXPECT_MENTIONS(advice, "--resume ck/step_00000001");
   EXPECT_MENTIONS(advice, "train.checkpoint.overwrite: true");
   // A checkpoint written after a step that measured older weights is not vouched for.

@@ -232,8 +232,8 @@ TEST(Faults, OverwriteThatOneRankFailsLeavesTheEarlierCheckpointsByteForByte) {
   const std::string ckpt = dir.file("ckpt");
   testing::write_text_file(dir.file("c.yaml"),
                            job_yaml(dir, 2, ", checkpoint: {dir: " + ckpt + ", every: 1}"));
-  auto first = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
-                           dir.file("c.yaml"));
+  auto first =
+      run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " + dir.file("c.yaml"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const auto before = testing::snapshot_files(ckpt);
   // Sequence 0's tokens 256-383 are sp rank 2's slice.
