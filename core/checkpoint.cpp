@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/checkpoint_overwrite.h"
 #include "core/checkpoint_weights.h"
 #include "core/file_util.h"
 #include "core/job_agreement.h"
@@ -70,42 +71,68 @@ std::vector<std::pair<int64_t, int64_t>> optimizer_file_ranges(const Safetensors
   return ranges;
 }
 
-// What rank 0 found and did in the checkpoint folder before the first step; "" when all
-// is well.
+// What rank 0 found in the checkpoint folder before the first step: "" when all is well.
+// `replaced` gets the step folders this run replaces (train.checkpoint.overwrite).
 std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
-                                   const std::string& resume_folder) {
+                                   const std::string& resume_folder,
+                                   std::vector<std::string>& replaced) {
   const std::string& dir = checkpoint.dir;
   const auto folders = checkpoint_step_folders(dir);
+  const std::string newest = find_latest_checkpoint(dir);
   if (resume_folder.empty() && !folders.empty()) {
-    const std::string newest = fs::path(folders.front().second).filename().string();
-    if (!checkpoint.overwrite && find_latest_checkpoint(dir).empty())
+    const std::string newest_name = fs::path(folders.front().second).filename().string();
+    if (!checkpoint.overwrite && newest.empty())
       return "train.checkpoint.dir '" + dir +
-             "' holds step folders of an earlier run (newest: " + newest +
+             "' holds step folders of an earlier run (newest: " + newest_name +
              ") but none is intact, so there is nothing to resume and this run would " +
-             "overwrite them; to start over and delete them set train.checkpoint.overwrite: " +
+             "overwrite them; to start over and replace them set train.checkpoint.overwrite: " +
              "true, or choose another train.checkpoint.dir";
     if (!checkpoint.overwrite)
       return "train.checkpoint.dir '" + dir + "' already holds checkpoints of an earlier run " +
-             "(newest: " + newest + ") and this run starts fresh, so it would overwrite them. " +
-             "To continue that run use --resume auto; to start over and delete them set " +
-             "train.checkpoint.overwrite: true; or choose another train.checkpoint.dir";
+             "(newest: " + newest_name + ") and this run starts fresh, so it would overwrite " +
+             "them. To continue that run use --resume auto; to start over and replace them " +
+             "set train.checkpoint.overwrite: true; or choose another train.checkpoint.dir";
+    for (const auto& [step, folder] : folders) replaced.push_back(folder);
     spdlog::warn(
-        "train.checkpoint.overwrite: deleting the {} checkpoint(s) of an earlier run in {} "
-        "(newest: {})",
-        folders.size(), dir, fs::path(folders.front().second).filename().string());
-    for (const auto& [step, folder] : folders) fs::remove_all(folder);
-    fs::remove(dir + "/" + kCheckpointLatestFile);
+        "train.checkpoint.overwrite: this run replaces the {} checkpoint(s) of an earlier run in "
+        "{} (newest: {}); they stay until it has written and verified its first checkpoint",
+        folders.size(), dir, newest_name);
   }
-  if (!resume_folder.empty() && !checkpoint.overwrite) {
-    const std::string newest = find_latest_checkpoint(dir);
-    if (!newest.empty() && fs::weakly_canonical(newest) != fs::weakly_canonical(resume_folder)) {
-      const int64_t resume_step = read_trainer_state(resume_folder).step;
-      const int64_t newest_step = read_trainer_state(newest).step;
-      if (newest_step > resume_step)
-        return "this run resumes from step " + std::to_string(resume_step) + " (" + resume_folder +
-               ") but train.checkpoint.dir '" + dir + "' holds a newer intact checkpoint (" +
-               newest + ") that it would overwrite; resume from the newest with --resume auto, " +
-               "choose another train.checkpoint.dir, or set train.checkpoint.overwrite: true";
+  if (!resume_folder.empty() && !newest.empty() &&
+      fs::weakly_canonical(newest) != fs::weakly_canonical(resume_folder)) {
+    const int64_t resume_step = read_trainer_state(resume_folder).step;
+    const int64_t newest_step = read_trainer_state(newest).step;
+    if (newest_step > resume_step && !checkpoint.overwrite)
+      return "this run resumes from step " + std::to_string(resume_step) + " (" + resume_folder +
+             ") but train.checkpoint.dir '" + dir + "' holds a newer intact checkpoint (" + newest +
+             ", step " + std::to_string(newest_step) +
+             ") that it would overwrite. To continue from the newest use --resume auto; to go " +
+             "back to step " + std::to_string(resume_step) + " and replace the newer " +
+             "checkpoints set train.checkpoint.overwrite: true (they stay until this run has " +
+             "written and verified its first checkpoint); or choose another " +
+             "train.checkpoint.dir";
+    if (newest_step > resume_step) {
+      for (const auto& [step, folder] : folders)
+        if (step > resume_step) replaced.push_back(folder);
+      spdlog::warn(
+          "train.checkpoint.overwrite: this run resumes from step {} and replaces the {} newer "
+          "checkpoint(s) in {} (newest: {}); they stay until it has written and verified its "
+          "first checkpoint",
+          resume_step, replaced.size(), dir, fs::path(newest).filename().string());
+    }
+  }
+  // `latest` follows the folders (docs/checkpoints.md): repointed where it lags behind them,
+  // unless this run replaces them anyway.
+  if (replaced.empty() && !newest.empty()) {
+    std::string latest;
+    try {
+      latest = read_latest_name(dir);
+    } catch (const CheckpointError&) {
+    }
+    const std::string newest_name = fs::path(newest).filename().string();
+    if (latest != newest_name) {
+      point_latest_at(dir, newest_name);
+      spdlog::info("{}/latest now names {}, the newest intact checkpoint", dir, newest_name);
     }
   }
   std::error_code error;
@@ -117,6 +144,21 @@ std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
 }
 
 }  // namespace
+
+void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir) {
+  if (checkpoint_dir.empty()) return;
+  Watchdog::SlowWork slow(world.watchdog().get(), "recovering the checkpoint folder");
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      const std::string done = recover_interrupted_overwrite(checkpoint_dir);
+      if (!done.empty()) spdlog::warn("{}", done);
+    } catch (const std::exception& problem) {
+      error = problem.what();
+    }
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
+}
 
 std::string agree_resume_folder(Comm& world, const std::string& resume,
                                 const std::string& checkpoint_dir) {
@@ -148,14 +190,15 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
   return folder;
 }
 
-void prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
-                            const std::string& resume_folder) {
-  if (checkpoint.dir.empty()) return;
+std::vector<std::string> prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
+                                                const std::string& resume_folder) {
+  std::vector<std::string> replaced;
+  if (checkpoint.dir.empty()) return replaced;
   Watchdog::SlowWork slow(world.watchdog().get(), "preparing the checkpoint folder");
   std::string error;
   if (world.rank() == 0) {
     try {
-      error = inspect_checkpoint_dir(checkpoint, resume_folder);
+      error = inspect_checkpoint_dir(checkpoint, resume_folder, replaced);
     } catch (const std::exception& problem) {
       error = "train.checkpoint.dir '" + checkpoint.dir + "': " + problem.what();
     }
@@ -171,18 +214,30 @@ void prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
             std::to_string(world.rank()) + ": " + problem.what();
   }
   agree_on_failure(world, error, ExitCode::bad_input);
+  return replaced;
 }
 
 Checkpointer::Checkpointer(const Config& config, Backend& backend, Comm& world)
     : config_(config), backend_(backend), world_(world) {}
 
-std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& model,
+void Checkpointer::replace_after_first_save(std::vector<std::string> folders) {
+  replaced_ = std::move(folders);
+}
+
+std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
                                const AdamW& optimizer) {
+  const int64_t step = progress.step;
   if (!training_state_is_finite(model.state(), optimizer, backend_, world_))
     throw JobError(ExitCode::nonfinite,
                    "not saving step " + std::to_string(step) +
                        ": the weights or optimizer moments hold NaN or infinite values; the "
-                       "checkpoints already written are kept",
+                       "checkpoints already written are kept. " +
+                       (progress.good_folder.empty()
+                            ? std::string("None of them was measured by a normal step after it: "
+                                          "start again with a lower train.lr or a "
+                                          "train.grad_clip")
+                            : "The newest saved before the trouble began is " +
+                                  progress.good_folder + " (docs/failures.md)"),
                    world_.rank() == 0);
   Watchdog::SlowWork slow(world_.watchdog().get(), "writing a checkpoint");
   const std::string dir = config_.train.checkpoint.dir;
@@ -265,7 +320,8 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
     state.step = step;
     state.sequences_per_step = int64_t(config_.train.grad_accum) * config_.train.batch_size *
                                (world_.size() / config_.parallel.sp);
-    state.loss = loss;
+    state.loss = progress.loss;
+    state.guard = progress.guard;
     state.world_size = world_.size();
     state.sp = config_.parallel.sp;
     state.zero_stage = model.state().stage();
@@ -289,51 +345,57 @@ std::string Checkpointer::save(int64_t step, std::optional<double> loss, Model& 
     write_file_durably(temp_path + "/" + kCheckpointManifestFile, manifest_json(manifest));
     fsync_directory(temp_path);
 
+    // The checkpoints this run replaces go only once its own is proven: read back and
+    // checked against its manifest (docs/checkpoints.md#overwriting).
+    const bool replacing = !replaced_.empty();
+    if (replacing) {
+      verify_checkpoint(temp_path);
+      move_replaced_aside(dir, replaced_, name);
+    }
     // A folder of the same step (a rerun) is moved aside, never half-replaced.
     const std::string old_path = dir + "/.old-" + name;
     fs::remove_all(old_path);
     if (fs::exists(final_path)) rename_or_throw(final_path, old_path);
     rename_or_throw(temp_path, final_path);
     fsync_directory(dir);
-    write_file_durably(dir + "/" + kCheckpointLatestFile + ".tmp", name + "\n");
-    rename_or_throw(dir + "/" + kCheckpointLatestFile + ".tmp", dir + "/" + kCheckpointLatestFile);
-    fsync_directory(dir);
+    point_latest_at(dir, name);
     fs::remove_all(old_path);
-    prune(final_path);
+    if (replacing) {
+      delete_replaced(dir);
+      spdlog::info(
+          "train.checkpoint.overwrite: {} is written and verified; deleted the {} checkpoint(s) "
+          "it replaces",
+          name, replaced_.size());
+      replaced_.clear();
+    }
+    prune(final_path, progress.good_folder);
   }
   world_.barrier();
   return final_path;
 }
 
-std::vector<std::string> folders_to_prune(const std::vector<PruneCandidate>& newest_first,
-                                          int keep_last, const std::string& just_written) {
+std::vector<std::string> folders_to_prune(const std::vector<std::string>& newest_first,
+                                          int keep_last, const std::string& just_written,
+                                          const std::string& good_folder) {
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
-  bool kept_finite = false;
-  for (size_t i = 0; i < newest_first.size(); ++i) {
-    const PruneCandidate& candidate = newest_first[i];
-    const bool newest_finite = candidate.finite_loss && !kept_finite;
-    kept_finite = kept_finite || candidate.finite_loss;
-    if (i < size_t(keep_last) || candidate.path == just_written || newest_finite) continue;
-    removed.push_back(candidate.path);
+  for (size_t i = size_t(keep_last); i < newest_first.size(); ++i) {
+    const std::string& folder = newest_first[i];
+    if (folder != just_written && folder != good_folder) removed.push_back(folder);
   }
   return removed;
 }
 
-void Checkpointer::prune(const std::string& keep_folder) {
+void Checkpointer::prune(const std::string& just_written, const std::string& good_folder) {
   const int keep = config_.train.checkpoint.keep_last;
   if (keep <= 0) return;
-  std::vector<PruneCandidate> candidates;
-  for (const auto& [step, folder] : checkpoint_step_folders(config_.train.checkpoint.dir)) {
-    PruneCandidate candidate{folder, false};
-    try {
-      candidate.finite_loss = read_trainer_state(folder).loss.has_value();
-    } catch (const CheckpointError&) {
-    }
-    candidates.push_back(candidate);
-  }
-  for (const std::string& folder : folders_to_prune(candidates, keep, keep_folder))
-    fs::remove_all(folder);
+  std::vector<std::string> folders;
+  for (const auto& [step, folder] : checkpoint_step_folders(config_.train.checkpoint.dir))
+    folders.push_back(folder);
+  // The good folder as the trainer names it may be spelled otherwise (a resumed run's path).
+  std::error_code error;
+  for (const std::string& folder : folders_to_prune(folders, keep, just_written, good_folder))
+    if (good_folder.empty() || !fs::equivalent(folder, good_folder, error)) fs::remove_all(folder);
 }
 
 TrainerState Checkpointer::load(const std::string& folder, Model& model, AdamW& optimizer) {

@@ -134,6 +134,25 @@ CheckpointModel parse_model(const json& object, const std::string& path) {
   return recorded;
 }
 
+json guard_json(const GuardRecord& guard) {
+  return {{"good_step", guard.good_step ? json(*guard.good_step) : json()},
+          {"loss_mean", guard.loss_mean},
+          {"normal_steps", guard.normal_steps}};
+}
+
+GuardRecord parse_guard(const json& object, const std::string& path) {
+  if (!object.is_object()) fail(path, "\"guard\" is " + object.dump() + ", not an object");
+  GuardRecord guard;
+  if (object.contains("good_step") && !object["good_step"].is_null())
+    guard.good_step = integer_field(object, "good_step", path, 0);
+  guard.normal_steps = integer_field(object, "normal_steps", path, 0);
+  const json& mean = field(object, "loss_mean", path);
+  if (!mean.is_number() || !std::isfinite(mean.get<double>()) || mean.get<double>() < 0.0)
+    fail(path, "guard.loss_mean is " + mean.dump() + ", not a finite number >= 0");
+  guard.loss_mean = mean.get<double>();
+  return guard;
+}
+
 void check_format_version(const json& object, const std::string& path) {
   const int64_t version =
       integer_field(object, "format_version", path, std::numeric_limits<int64_t>::min());
@@ -207,6 +226,7 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& pat
     if (!object["loss"].is_number()) fail(path, "\"loss\" is " + object["loss"].dump());
     state.loss = object["loss"].get<double>();
   }
+  if (object.contains("guard")) state.guard = parse_guard(object["guard"], path);
   const int kMaxInt = std::numeric_limits<int>::max();
   state.world_size = int(integer_field(object, "world_size", path, 1, kMaxInt));
   state.sp = int(integer_field(object, "sp", path, 1, kMaxInt));
@@ -236,6 +256,7 @@ std::string trainer_state_json(const TrainerState& state) {
                  {"step", state.step},
                  {"sequences_per_step", state.sequences_per_step},
                  {"loss", state.loss ? json(*state.loss) : json()},
+                 {"guard", guard_json(state.guard)},
                  {"world_size", state.world_size},
                  {"sp", state.sp},
                  {"zero_stage", state.zero_stage},
@@ -299,30 +320,61 @@ void verify_checkpoint(const std::string& folder) {
   }
 }
 
+std::string read_latest_name(const std::string& dir) {
+  const std::string path = dir + "/" + kCheckpointLatestFile;
+  std::error_code error;
+  if (!fs::exists(path, error)) return "";
+  std::string name;
+  try {
+    name = read_whole_file(path);
+  } catch (const std::exception& problem) {
+    throw CheckpointError(problem.what());
+  }
+  name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
+  return plain_file_name(json(name), "latest names", path);
+}
+
+void point_latest_at(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + kCheckpointLatestFile;
+  write_file_durably(path + ".tmp", name + "\n");
+  rename_or_throw(path + ".tmp", path);
+  fsync_directory(dir);
+}
+
 std::string find_latest_checkpoint(const std::string& dir) {
   std::error_code error;
   if (dir.empty() || !fs::is_directory(dir, error)) return "";
-  const std::string latest_path = dir + "/" + kCheckpointLatestFile;
-  if (fs::is_regular_file(latest_path, error)) {
-    try {
-      std::string name = read_whole_file(latest_path);
-      name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
-      plain_file_name(json(name), "latest names", latest_path);
-      verify_checkpoint(dir + "/" + name);
-      return dir + "/" + name;
-    } catch (const std::exception& problem) {
-      spdlog::warn("latest checkpoint unusable ({}); looking for an older one", problem.what());
-    }
-  }
+  std::string newest;
   for (const auto& [step, folder] : checkpoint_step_folders(dir)) {
     try {
       verify_checkpoint(folder);
-      return folder;
+      newest = folder;
+      break;
     } catch (const CheckpointError& problem) {
       spdlog::warn("skipping checkpoint: {}", problem.what());
     }
   }
-  return "";
+  // `latest` only says which folder was published last: the folders decide.
+  std::string named;
+  try {
+    named = read_latest_name(dir);
+  } catch (const CheckpointError& problem) {
+    spdlog::warn("latest checkpoint unusable ({}); using the newest intact step folder",
+                 problem.what());
+  }
+  if (!named.empty() && !newest.empty() && fs::path(newest).filename() != named)
+    spdlog::warn(
+        "{}/latest names {}, but the newest intact checkpoint there is {}: using it (latest lags "
+        "behind the step folders when a save was interrupted, e.g. by a full disk)",
+        dir, named, fs::path(newest).filename().string());
+  if (!named.empty() && newest.empty())
+    spdlog::warn("{}/latest names {}, which is not an intact checkpoint", dir, named);
+  if (fs::exists(dir + "/" + kOverwritePendingFolder, error))
+    spdlog::warn(
+        "{}/{} holds the checkpoints of an overwrite that was interrupted; the next "
+        "ulysses-train run in this folder finishes or undoes it (docs/checkpoints.md)",
+        dir, kOverwritePendingFolder);
+  return newest;
 }
 
 std::string checkpoint_in(const std::string& path) {

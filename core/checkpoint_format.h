@@ -26,6 +26,11 @@ inline constexpr const char* kCheckpointModelFile = "model.safetensors";
 inline constexpr const char* kCheckpointStateFile = "trainer_state.json";
 inline constexpr const char* kCheckpointManifestFile = "manifest.json";
 inline constexpr const char* kCheckpointLatestFile = "latest";
+// Where train.checkpoint.overwrite moves the checkpoints it replaces while it publishes the
+// first checkpoint of the new run, and the file there naming that checkpoint
+// (core/checkpoint_overwrite.h).
+inline constexpr const char* kOverwritePendingFolder = ".overwrite-pending";
+inline constexpr const char* kOverwriteReplacementFile = "replaced-by";
 
 // "step_00001000"
 std::string checkpoint_folder_name(int64_t step);
@@ -53,10 +58,21 @@ struct CheckpointModel {
   std::optional<double> norm_eps;
 };
 
+// The divergence guard's state (core/divergence_guard.h): what a resumed run needs to judge
+// steps and to know its checkpoint to go back to as the uninterrupted run would.
+struct GuardRecord {
+  // The step of the newest checkpoint whose weights a normal step measured, in the folder
+  // the checkpoint was written to; absent when there is none.
+  std::optional<int64_t> good_step;
+  double loss_mean = 0.0;    // running mean of the normal steps' loss
+  int64_t normal_steps = 0;  // how many normal steps the mean holds; 0 = none yet
+};
+
 struct TrainerState {
   int64_t step = 0;                // optimizer steps taken
   int64_t sequences_per_step = 0;  // global batch in sequences; 0 when not recorded
   std::optional<double> loss;      // the last step's loss; absent when it was not finite
+  GuardRecord guard;               // absent in checkpoints of earlier builds: all zero
   int world_size = 0;              // the run that wrote it, for the resume log
   int sp = 0;
   int zero_stage = 0;
@@ -79,9 +95,18 @@ CheckpointModel read_recorded_model(const std::string& folder);
 // CheckpointError.
 void verify_checkpoint(const std::string& folder);
 
-// The newest intact checkpoint under dir: the one `latest` names if it verifies, else the
-// newest step folder that does. Empty when there is none.
+// The newest intact checkpoint under dir: the newest step folder that verifies, whatever
+// `latest` names (a save interrupted by a full disk can leave `latest` behind a newer intact
+// folder; docs/checkpoints.md). Warns when `latest` names another folder or is unusable.
+// Empty when there is none.
 std::string find_latest_checkpoint(const std::string& dir);
+
+// The folder name dir/latest holds ("" when there is no such file); throws CheckpointError
+// when it is unreadable or not a plain name.
+std::string read_latest_name(const std::string& dir);
+// Points dir/latest at the step folder `name`, atomically (written beside it, fsynced and
+// renamed).
+void point_latest_at(const std::string& dir, const std::string& name);
 
 // A step folder itself (it has a manifest), or the newest intact checkpoint of a checkpoint
 // dir; empty when path is neither.

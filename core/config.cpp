@@ -148,23 +148,30 @@ const std::vector<Field>& fields() {
       {ULYSSES_KEY(train.on_nonfinite),
        {},
        "",
-       "a NaN or infinite loss or gradient norm (docs/failures.md): `abort` exits 3 naming the "
-       "step and the first tensor whose gradient is not finite; `skip` drops that step's "
-       "update, logs it and goes on"},
+       "a NaN or infinite loss or gradient norm, or a spike (docs/failures.md): `abort` exits 3 "
+       "naming the step, the first tensor whose gradient is not finite, and the newest "
+       "checkpoint saved before the trouble began; `skip` drops that step's update, logs it and "
+       "goes on"},
       {ULYSSES_KEY(train.max_skipped_steps), at_least(1), "",
-       "with `skip`: more non-finite steps than this in a row exit 3"},
+       "with `skip`: more non-finite or spike steps than this in a row exit 3"},
+      {ULYSSES_KEY(train.spike_loss_factor), at_least(0), "0 or > 1",
+       "a step whose loss is more than this many times the larger of the running mean of the "
+       "loss and ln(`vocab_size`) is a spike, handled as `on_nonfinite` says "
+       "(docs/failures.md#loss-spikes); 0 = not checked"},
+
       {ULYSSES_KEY(train.checkpoint.dir), {}, "path", "checkpoint folder; empty = no checkpoints"},
       {ULYSSES_KEY(train.checkpoint.every), at_least(0), "",
        "steps between checkpoints; 0 = only at the end"},
       {ULYSSES_KEY(train.checkpoint.keep_last), at_least(0), "",
-       "checkpoints kept; 0 = all. The newest checkpoint whose loss was finite is always kept "
-       "as well"},
+       "checkpoints kept; 0 = all. The newest checkpoint whose weights a normal step measured "
+       "(the one to go back to, docs/failures.md#loss-spikes) is always kept as well"},
       {ULYSSES_KEY(train.checkpoint.overwrite),
        {},
        "",
        "a run started without `--resume` refuses (exit 2) a `dir` that already holds "
        "checkpoints, and a resume from an older step than the newest intact one there; `true` "
-       "lets it start over, deleting the earlier run's checkpoints first (docs/checkpoints.md)"},
+       "lets it replace them, once it has written and verified its first checkpoint "
+       "(docs/checkpoints.md#overwriting)"},
 
       {ULYSSES_KEY(data.source), {}, "", "see [Data sources](#data-sources)"},
       {ULYSSES_KEY(data.path),
@@ -858,6 +865,10 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
                                           "' is not allowed; use false, auto or a tile "
                                           "count >= 1");
   }
+  // A spike factor of 1 or less would call ordinary steps spikes.
+  if (c.train.spike_loss_factor > 0.0 && c.train.spike_loss_factor <= 1.0)
+    reader.fail("train.spike_loss_factor", "must be 0 (not checked) or above 1, got " +
+                                               format_double(c.train.spike_loss_factor));
 }
 
 // Defaults that depend on other keys.

@@ -130,10 +130,13 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int eval_every = 0;  // 0 = no periodic eval
   int eval_steps = 4;  // batches per eval
-  // A NaN or infinite loss or gradient norm: abort (exit 3) or skip the update, up to
-  // max_skipped_steps in a row (docs/failures.md).
+  // A NaN or infinite loss or gradient norm, or a spike: abort (exit 3) or skip the update,
+  // up to max_skipped_steps in a row (docs/failures.md).
   OnNonfinite on_nonfinite = OnNonfinite::abort;
   int max_skipped_steps = 8;
+  // A spike (core/divergence_guard.h): a loss above this many times the larger of its running
+  // mean and ln(vocab_size); 0 = not checked.
+  double spike_loss_factor = 3.0;
   CheckpointConfig checkpoint;
 };
 

@@ -82,11 +82,14 @@ void run_job(const JobOptions& options, Comm& world) {
   // Before the checkpoint folder is touched: a run that cannot go far leaves it as it was.
   check_run_files(world, config);
   check_stages_fit(world, config, omp_get_max_threads());
+  recover_checkpoint_dir(world, config.train.checkpoint.dir);
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
-  prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
+  std::vector<std::string> replaced =
+      prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
   Trainer trainer(config, *job.backend, mesh);
+  trainer.replace_after_first_save(std::move(replaced));
   if (resume_folder.empty()) {
     Watchdog::SlowWork slow(job.watchdog.get(), "loading model.init_from");
     trainer.load_initial_weights();

@@ -46,7 +46,8 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
     : config_(config),
       backend_(backend),
       mesh_(mesh),
-      seq_len_stages_(parse_seq_len_schedule(config.train.seq_len_schedule)) {
+      seq_len_stages_(parse_seq_len_schedule(config.train.seq_len_schedule)),
+      guard_(config.train, config.model.vocab_size) {
   const TrainConfig& train = config.train;
   // A plan is for the last stage of a curriculum, at the full length.
   const int64_t last_step = std::numeric_limits<int64_t>::max();
@@ -137,6 +138,7 @@ void Trainer::resume(const std::string& folder) {
   const TrainerState state = checkpointer_->load(folder, *model_, *optimizer_);
   step_ = state.step;
   last_loss_ = state.loss;
+  guard_.resumed(folder, state.step, state.guard);
   if (mesh_.world->rank() != 0) return;
   spdlog::info("resumed from {} at step {} (written by world {} = sp {} x dp {}, ZeRO stage {})",
                folder, step_, state.world_size, state.sp, state.world_size / state.sp,
@@ -153,10 +155,20 @@ void Trainer::resume(const std::string& folder) {
 
 std::string Trainer::save_checkpoint() {
   const Stopwatch clock;
-  std::string folder = checkpointer_->save(step_, last_loss_, *model_, *optimizer_);
+  CheckpointProgress progress;
+  progress.step = step_;
+  progress.loss = last_loss_;
+  progress.guard = guard_.record();
+  progress.good_folder = guard_.good_checkpoint();
+  std::string folder = checkpointer_->save(progress, *model_, *optimizer_);
+  guard_.checkpoint_saved(step_, folder);
   if (mesh_.world->rank() == 0)
     spdlog::info("checkpoint {} written in {:.2f} s", folder, clock.seconds());
   return folder;
+}
+
+void Trainer::replace_after_first_save(std::vector<std::string> folders) {
+  checkpointer_->replace_after_first_save(std::move(folders));
 }
 
 StepResult Trainer::train_step() {
@@ -238,10 +250,23 @@ StepResult Trainer::compute_step(const std::vector<MicroBatch>& micro_batches, d
   ZeroState& state = model_->state();
   state.reduce_gradients();
   result.grad_norm = std::sqrt(state.gradient_norm_squared());
-  // Both values are all-reduced, so every rank takes the same branch.
-  result.skipped = !std::isfinite(result.loss) || !std::isfinite(result.grad_norm);
+  const bool finite = std::isfinite(result.loss) && std::isfinite(result.grad_norm);
+  std::string spike = finite ? guard_.spike(result.loss) : "";
+  // Both values are all-reduced, so every rank reaches the same verdict; it is agreed all the
+  // same, so that no rank can take another branch than the others (docs/failures.md).
+  double verdict[2] = {finite ? 0.0 : 1.0, spike.empty() ? 0.0 : 1.0};
+  {
+    Profiler::Scope reduce(profiler, phase::kScalarAllReduce, Profiler::Kind::communication);
+    world.all_reduce_host(verdict, 2, ReduceOp::max);
+  }
+  const bool nonfinite = verdict[0] > 0.0;
+  result.spike = !nonfinite && verdict[1] > 0.0;
+  if (result.spike && spike.empty()) spike = "another rank judged this step a spike";
+  result.skipped = nonfinite || result.spike;
+  // This step's loss measured the weights of step step_: a normal one vouches for them.
+  guard_.step_done(step_, !result.skipped, result.loss);
   if (result.skipped) {
-    handle_nonfinite(result);
+    handle_bad_step(result, nonfinite ? "" : spike);
   } else {
     set_phase("optimizer");
     skipped_in_a_row_ = 0;
@@ -258,31 +283,35 @@ StepResult Trainer::compute_step(const std::vector<MicroBatch>& micro_batches, d
   return result;
 }
 
-void Trainer::handle_nonfinite(const StepResult& result) {
-  const std::string tensor = first_nonfinite_gradient(model_->state(), optimizer_->segments(),
-                                                      model_->table(), backend_, *mesh_.world);
+void Trainer::handle_bad_step(const StepResult& result, const std::string& spike) {
   auto show = [](double value) {
     return std::isnan(value) ? std::string("NaN") : fmt::format("{:.6g}", value);
   };
-  const std::string what =
-      fmt::format("step {}: the loss is {} and the gradient norm is {}; {}", result.step,
-                  show(result.loss), show(result.grad_norm),
-                  tensor.empty() ? "every gradient element is finite"
-                                 : "the first tensor with a non-finite gradient is " + tensor);
+  std::string what;
+  if (spike.empty()) {
+    const std::string tensor = first_nonfinite_gradient(model_->state(), optimizer_->segments(),
+                                                        model_->table(), backend_, *mesh_.world);
+    what = fmt::format("step {}: the loss is {} and the gradient norm is {}; {}", result.step,
+                       show(result.loss), show(result.grad_norm),
+                       tensor.empty() ? "every gradient element is finite"
+                                      : "the first tensor with a non-finite gradient is " + tensor);
+  } else {
+    what = fmt::format("step {}: a spike: {}", result.step, spike);
+  }
   const bool rank0 = mesh_.world->rank() == 0;
   if (config_.train.on_nonfinite == OnNonfinite::abort)
     throw JobError(ExitCode::nonfinite,
                    what + ". Stopping without saving this state (train.on_nonfinite: abort); " +
-                       "the checkpoints written so far are intact. Lower train.lr, set " +
-                       "train.grad_clip, or set train.on_nonfinite: skip",
+                       "the checkpoints written so far are intact. " + guard_.go_back_advice() +
+                       "; or set train.on_nonfinite: skip to drop such steps",
                    rank0);
   ++skipped_in_a_row_;
   if (skipped_in_a_row_ > config_.train.max_skipped_steps)
     throw JobError(ExitCode::nonfinite,
                    what + ". That is " + std::to_string(skipped_in_a_row_) +
-                       " non-finite steps in a row, more than train.max_skipped_steps = " +
+                       " non-finite or spike steps in a row, more than train.max_skipped_steps = " +
                        std::to_string(config_.train.max_skipped_steps) +
-                       "; stopping without saving this state",
+                       "; stopping without saving this state. " + guard_.go_back_advice(),
                    rank0);
   if (rank0)
     spdlog::warn("{}: update skipped ({} in a row; train.on_nonfinite: skip)", what,
@@ -386,6 +415,7 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
                            {"grad_comm_s", comm.reduce_seconds + comm.gather_seconds}};
     if (r.accuracy >= 0) line["accuracy"] = r.accuracy;
     if (r.skipped) line["skipped"] = true;
+    if (r.spike) line["spike"] = true;
     line["phases"] = phases_json(phases);
     line["phases_max_s"] = phases_max;
     metrics_->write(line);

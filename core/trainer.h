@@ -10,6 +10,7 @@
 
 #include "core/checkpoint.h"
 #include "core/config.h"
+#include "core/divergence_guard.h"
 #include "core/evaluate.h"
 #include "core/metrics.h"
 #include "core/model.h"
@@ -31,7 +32,8 @@ struct StepResult {
   double grad_norm = 0.0;
   int64_t tokens = 0;  // tokens of the global batch
   double step_seconds = 0.0;
-  bool skipped = false;  // non-finite, update dropped (train.on_nonfinite: skip)
+  bool skipped = false;  // non-finite or a spike, update dropped (train.on_nonfinite: skip)
+  bool spike = false;    // a loss spike (core/divergence_guard.h)
 };
 
 class Trainer {
@@ -42,8 +44,9 @@ class Trainer {
   int64_t step() const { return step_; }
 
   // One optimizer step over grad_accum micro-batches of the global batch. A non-finite
-  // loss or gradient norm throws JobError(nonfinite) on every rank, or, with
-  // train.on_nonfinite: skip, drops the update (up to train.max_skipped_steps in a row).
+  // loss or gradient norm, or a spike (core/divergence_guard.h), throws JobError(nonfinite)
+  // on every rank, or, with train.on_nonfinite: skip, drops the update (up to
+  // train.max_skipped_steps in a row).
   StepResult train_step();
   // Planning mode only (kernels/planning_backend.h): the same step on micro-batches with a
   // target at every token, so that the planner charges what a real step allocates
@@ -58,6 +61,11 @@ class Trainer {
   void load_initial_weights();
   // Writes a checkpoint of the current step (train.checkpoint.dir must be set).
   std::string save_checkpoint();
+  // Rank 0: the step folders of train.checkpoint.dir that the first checkpoint this run writes
+  // replaces (train.checkpoint.overwrite; prepare_checkpoint_dir).
+  void replace_after_first_save(std::vector<std::string> folders);
+  // The newest checkpoint whose weights a normal step measured ("" = none).
+  const std::string& good_checkpoint() const { return guard_.good_checkpoint(); }
   // The whole run up to train.steps with logging, metrics, periodic eval and checkpoints.
   // Stops early, with a checkpoint, when SIGTERM/SIGINT arrives on any rank. Says so and
   // returns at once when the step is already train.steps or beyond.
@@ -78,8 +86,9 @@ class Trainer {
   void check_same_data(const Dataset& dataset, const char* split) const;
   // What the watchdog names when a collective of this phase waits too long.
   void set_phase(const char* phase) const;
-  // A non-finite loss or gradient norm: throws (abort, or too many skips) or logs a skip.
-  void handle_nonfinite(const StepResult& result);
+  // A non-finite loss or gradient norm, or a spike (spike says why; "" for non-finite):
+  // throws (abort, or too many skips) or logs a skip.
+  void handle_bad_step(const StepResult& result, const std::string& spike);
   void log_step(const StepResult& result, const CommStats& comm_delta, double comm_seconds,
                 const std::map<std::string, PhaseTotals>& phases);
   // Collective: every rank's time per step phase, max over the ranks (for the metrics file).
@@ -107,7 +116,8 @@ class Trainer {
   int64_t step_ = 0;                 // optimizer steps taken
   std::optional<double> last_loss_;  // of the last step, when finite (recorded in checkpoints)
   int skipped_in_a_row_ = 0;
-  RunProfile profile_;  // the phases of this run's steps
+  DivergenceGuard guard_;  // spikes, and the checkpoint to go back to
+  RunProfile profile_;     // the phases of this run's steps
   VerdictContext verdict_context_;
   std::vector<TraceSpan> trace_;  // of the first log.trace_steps steps
   // Time of the steps since the model was last built for a curriculum stage (the ETA).

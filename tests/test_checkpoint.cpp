@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint.h"
@@ -22,6 +25,9 @@ using testing::run_command;
 using testing::TempDir;
 
 const std::string kTrain = ULYSSES_TRAIN_BIN;
+
+#define EXPECT_MENTIONS(text, fragment) \
+  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
 
 std::string config_yaml(const std::string& family, const std::string& data_yaml,
                         const std::string& checkpoint_dir, const std::string& metrics,
@@ -237,28 +243,122 @@ TEST_F(CheckpointFixture, FreshRunIntoAFolderWithCheckpointsIsRefusedAndTouchesN
   EXPECT_EQ(testing::read_text_file(dir_.file("m.jsonl")), metrics_before) << "it trained";
 }
 
-TEST_F(CheckpointFixture, OverwriteStartsOverAndRemovesTheEarlierRunsCheckpoints) {
+TEST_F(CheckpointFixture, OverwriteReplacesTheEarlierRunOnceItsFirstCheckpointIsVerified) {
+  const std::string old_weights = testing::read_text_file(step(1) + "/model.safetensors");
   auto run = run_command(kTrain + " --config " + dir_.file("c.yaml") +
-                         " --set train.checkpoint.overwrite=true --set train.steps=2");
+                         " --set train.checkpoint.overwrite=true --set train.steps=2 "
+                         "--set train.seed=9");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_NE(run.output.find("deleting the 6 checkpoint(s) of an earlier run"), std::string::npos)
-      << run.output;
+  EXPECT_MENTIONS(run.output, "this run replaces the 6 checkpoint(s) of an earlier run");
+  EXPECT_MENTIONS(run.output, "they stay until it has written and verified its first checkpoint");
+  EXPECT_MENTIONS(run.output,
+                  "step_00000001 is written and verified; deleted the 6 checkpoint(s) it replaces");
   const auto folders = checkpoint_step_folders(dir_.file("ckpt"));
   ASSERT_EQ(folders.size(), 2u);
   EXPECT_EQ(folders[0].first, 2);
   EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000002\n");
+  EXPECT_NE(testing::read_text_file(step(1) + "/model.safetensors"), old_weights);
+  EXPECT_FALSE(fs::exists(dir_.file(std::string("ckpt/") + kOverwritePendingFolder)));
+}
+
+// Issue 26: an overwrite used to delete the earlier run's checkpoints first and then fail on
+// its own bad input. Each failure below comes after the run decided to replace them (it says
+// so), before its first checkpoint: the old ones must be exactly as they were.
+TEST_F(CheckpointFixture, OverwriteThatFailsBeforeItsFirstCheckpointLeavesTheOldOnesByteForByte) {
+  const auto before = testing::snapshot_files(dir_.file("ckpt"));
+  std::vector<int32_t> tokens(400);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 300);
+  tokens[9] = 1000;
+  write_token_shard(dir_.file("bad-token.bin"), tokens, 1);
+  testing::write_text_file(dir_.file("garbage.bin"), "not a model");
+  struct Failure {
+    std::string name, overrides, message;
+    bool after_the_decision;  // the run got as far as deciding to replace them
+  };
+  const std::vector<Failure> failures = {
+      {"missing data.path", "--set data.source=text --set data.path=" + dir_.file("no-such.txt"),
+       "no-such.txt' does not exist", true},
+      {"bad model.init_from", "--set model.init_from=" + dir_.file("garbage.bin"),
+       dir_.file("garbage.bin"), true},
+      {"token >= vocab",
+       "--set data.source=tokens --set model.vocab_size=300 --set data.path=" +
+           dir_.file("bad-token.bin"),
+       "is 1000, not below model.vocab_size = 300", true},
+      // Exceeded at run time today; a check at start would refuse it before the decision.
+      {"memory limit", "--set memory.limit_gib=0.0005", "memory.limit_gib", false}};
+  for (const Failure& failure : failures) {
+    auto run = run_command(kTrain + " --config " + dir_.file("c.yaml") +
+                           " --set train.checkpoint.overwrite=true " + failure.overrides);
+    EXPECT_TRUE(run.exit_code == 1 || run.exit_code == 2) << failure.name << "\n" << run.output;
+    EXPECT_MENTIONS(run.output, failure.message);
+    if (failure.after_the_decision)
+      EXPECT_MENTIONS(run.output, "this run replaces the 6 checkpoint(s) of an earlier run");
+    EXPECT_EQ(testing::snapshot_files(dir_.file("ckpt")), before) << failure.name;
+  }
 }
 
 TEST_F(CheckpointFixture, ResumingAnOlderStepIntoTheFolderOfNewerOnesIsRefused) {
   auto run = resume(step(3));
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("resumes from step 3"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("newer intact checkpoint (" + step(6) + ")"), std::string::npos)
+  EXPECT_NE(run.output.find("newer intact checkpoint (" + step(6) + ", step 6)"), std::string::npos)
       << run.output;
   EXPECT_EQ(testing::read_text_file(dir_.file("ckpt/latest")), "step_00000006\n");
   // Into another folder it is an ordinary resume.
   auto elsewhere = resume(step(3), " --set train.checkpoint.dir=" + dir_.file("other"));
   EXPECT_EQ(elsewhere.exit_code, 0) << elsewhere.output;
+}
+
+// The state a full disk leaves (issue 26): step folders were published but `latest` could
+// not be rewritten, so it names an older step than the newest intact folder. The folders
+// decide: nothing resumes the older step over the newer ones unless told to.
+TEST(CheckpointStaleLatest, TheNewestIntactStepFolderDecidesNotLatest) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  const std::string ckpt = dir.file("ckpt");
+  testing::write_text_file(dir.file("c.yaml"),
+                           config_yaml("llama", data, ckpt, dir.file("m.jsonl"), 8));
+  const std::string train = kTrain + " --config " + dir.file("c.yaml");
+  ASSERT_EQ(run_command(train).exit_code, 0);
+  testing::write_text_file(ckpt + "/latest", "step_00000006\n");
+  const std::string step6 = ckpt + "/step_00000006", step8 = ckpt + "/step_00000008";
+  const auto before = testing::snapshot_files(ckpt);
+
+  auto older = run_command(train + " --resume " + step6);
+  EXPECT_EQ(older.exit_code, 2) << older.output;
+  EXPECT_MENTIONS(older.output, "this run resumes from step 6 (" + step6 + ")");
+  EXPECT_MENTIONS(older.output, "holds a newer intact checkpoint (" + step8 + ", step 8)");
+  EXPECT_MENTIONS(older.output, "To continue from the newest use --resume auto");
+  EXPECT_MENTIONS(older.output, "set train.checkpoint.overwrite: true");
+  EXPECT_EQ(testing::snapshot_files(ckpt), before);
+
+  for (const std::string& resume : {std::string("auto"), ckpt}) {
+    auto newest = run_command(train + " --resume " + resume);
+    EXPECT_EQ(newest.exit_code, 0) << newest.output;
+    EXPECT_MENTIONS(newest.output,
+                    "latest names step_00000006, but the newest intact checkpoint "
+                    "there is step_00000008");
+    EXPECT_MENTIONS(newest.output, "checkpoint at step 8, train.steps is 8: nothing to train");
+    // Steps 7 and 8 survive; `latest` follows them.
+    auto after = testing::snapshot_files(ckpt);
+    EXPECT_EQ(after.at("latest"), "step_00000008\n");
+    after["latest"] = before.at("latest");
+    EXPECT_EQ(after, before);
+    testing::write_text_file(ckpt + "/latest", "step_00000006\n");
+  }
+
+  // Told to, it goes back to step 6 and replaces steps 7 and 8 with its own.
+  auto back = run_command(train + " --resume " + step6 +
+                          " --set train.checkpoint.overwrite=true --set train.lr=1e-3");
+  EXPECT_EQ(back.exit_code, 0) << back.output;
+  EXPECT_MENTIONS(back.output, "resumes from step 6 and replaces the 2 newer checkpoint(s)");
+  const auto after = testing::snapshot_files(ckpt);
+  EXPECT_EQ(after.at("step_00000006/model.safetensors"),
+            before.at("step_00000006/model.safetensors"));
+  EXPECT_NE(after.at("step_00000008/model.safetensors"),
+            before.at("step_00000008/model.safetensors"));
+  EXPECT_EQ(after.at("latest"), "step_00000008\n");
 }
 
 TEST_F(CheckpointFixture, ResumingAFinishedRunSaysThereIsNothingToTrain) {
@@ -360,6 +460,65 @@ TEST(CheckpointKill, ResumeAutoSurvivesSigkillAtTwentyMoments) {
     for (size_t i = 0; i < losses.size(); ++i)
       EXPECT_EQ(losses[i], reference[first + i]) << "trial " << trial << " step " << first + i + 1;
   }
+}
+
+// SIGKILL of a run that replaces an earlier run's checkpoints (train.checkpoint.overwrite), at
+// moments from start-up to after its first checkpoint. Once the next run has recovered the
+// folder, the earlier checkpoints are either all there, byte for byte, or all gone (replaced by
+// the new run's, which differ: another seed); never some of them.
+TEST(CheckpointKill, OverwriteSurvivesSigkillAtTwelveMoments) {
+  TempDir dir;
+  const std::string data =
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+  testing::write_text_file(dir.file("old.yaml"),
+                           config_yaml("llama", data, dir.file("old"), dir.file("old.jsonl")));
+  ASSERT_EQ(run_command(kOneThread + kTrain + " --config " + dir.file("old.yaml")).exit_code, 0);
+  std::map<std::string, std::string> old_checkpoints = testing::snapshot_files(dir.file("old"));
+  old_checkpoints.erase("latest");
+  // The kills spread over an uninterrupted overwrite run (start-up takes most of it, then the
+  // first checkpoint and its replacement, the next steps), however loaded the machine is.
+  fs::copy(dir.file("old"), dir.file("timed"), fs::copy_options::recursive);
+  testing::write_text_file(dir.file("timed.yaml"),
+                           config_yaml("llama", data, dir.file("timed"), dir.file("t.jsonl"), 30));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(run_command(kOneThread + kTrain + " --config " + dir.file("timed.yaml") +
+                        " --set train.seed=9 --set train.checkpoint.overwrite=true")
+                .exit_code,
+            0);
+  const double run_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int kept = 0, replaced = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const std::string ckpt = dir.file("ckpt" + std::to_string(trial));
+    fs::copy(dir.file("old"), ckpt, fs::copy_options::recursive);
+    testing::write_text_file(dir.file("c.yaml"),
+                             config_yaml("llama", data, ckpt, dir.file("m.jsonl"), 30));
+    char kill_after[32];
+    std::snprintf(kill_after, sizeof kill_after, "%.3f", run_seconds * (trial + 0.5) / 12);
+    run_command(kOneThread + "timeout -s KILL " + std::string(kill_after) + " " + kTrain +
+                " --config " + dir.file("c.yaml") +
+                " --set train.seed=9 --set train.checkpoint.overwrite=true");
+    // Recovery only: whatever it resumes is at or past step 1, so nothing trains.
+    auto next = run_command(kOneThread + kTrain + " --config " + dir.file("c.yaml") +
+                            " --resume auto --set train.steps=1");
+    ASSERT_EQ(next.exit_code, 0) << "trial " << trial << "\n" << next.output;
+    const std::string where = "trial " + std::to_string(trial);
+    EXPECT_FALSE(fs::exists(ckpt + "/" + kOverwritePendingFolder)) << where;
+    expect_no_torn_checkpoint(ckpt, where);
+    const std::map<std::string, std::string> now = testing::snapshot_files(ckpt);
+    int old_files_there = 0;
+    for (const auto& [path, bytes] : old_checkpoints) {
+      auto found = now.find(path);
+      old_files_there += found != now.end() && found->second == bytes;
+    }
+    EXPECT_TRUE(old_files_there == 0 || old_files_there == int(old_checkpoints.size()))
+        << where << ": " << old_files_there << " of the " << old_checkpoints.size()
+        << " files of the earlier run are left\n"
+        << next.output;
+    (old_files_there == 0 ? replaced : kept) += 1;
+  }
+  // How the kills fell, for the log: both outcomes are right.
+  std::printf("earlier checkpoints kept in %d trials, replaced in %d\n", kept, replaced);
 }
 
 // A long run in dir in which only a stop signal writes a checkpoint; returns its config.

@@ -1,6 +1,6 @@
 // The checkpoint format module (core/checkpoint_format.h): every field of the manifest and
 // the trainer state is checked on reading, with a message naming the file and the field,
-// and keep_last pruning never removes the newest checkpoint whose loss was finite.
+// and keep_last pruning never removes the checkpoint to go back to.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -62,6 +62,29 @@ TEST(TrainerStateFormat, ANonFiniteLossIsRecordedAsNone) {
   TrainerState written = parse_trainer_state(valid_state().dump(), "t.json");
   written.loss.reset();
   EXPECT_MENTIONS(trainer_state_json(written), "\"loss\": null");
+}
+
+// The divergence guard's record (core/divergence_guard.h): absent in checkpoints of earlier
+// builds, read back as written, and checked like every other field.
+TEST(TrainerStateFormat, TheGuardRecordIsOptionalRoundTripsAndIsChecked) {
+  const TrainerState older = parse_trainer_state(valid_state().dump(), "t.json");
+  EXPECT_FALSE(older.guard.good_step.has_value());
+  EXPECT_EQ(older.guard.normal_steps, 0);
+  TrainerState state = older;
+  state.guard.good_step = 11;
+  state.guard.loss_mean = 2.5;
+  state.guard.normal_steps = 12;
+  const TrainerState again = parse_trainer_state(trainer_state_json(state), "t.json");
+  EXPECT_EQ(again.guard.good_step, 11);
+  EXPECT_EQ(again.guard.loss_mean, 2.5);
+  EXPECT_EQ(again.guard.normal_steps, 12);
+  json bad = valid_state();
+  bad["guard"] = {{"good_step", -1}, {"loss_mean", 1.0}, {"normal_steps", 3}};
+  EXPECT_MENTIONS(state_error(bad), "\"good_step\" is -1");
+  bad["guard"] = {{"good_step", nullptr}, {"loss_mean", "x"}, {"normal_steps", 3}};
+  EXPECT_MENTIONS(state_error(bad), "guard.loss_mean is \"x\"");
+  bad["guard"] = 5;
+  EXPECT_MENTIONS(state_error(bad), "\"guard\" is 5, not an object");
 }
 
 TEST(TrainerStateFormat, OlderCheckpointsGiveTheirBatchFromTheRunningTotal) {
@@ -136,18 +159,19 @@ TEST(ManifestFormat, ReadsWhatItWritesAndRefusesNamesOutsideTheFolder) {
   EXPECT_MENTIONS(error_of("[1, 2"), "not valid JSON");
 }
 
-TEST(Pruning, KeepsTheNewestAndTheNewestFiniteCheckpoint) {
-  const std::vector<PruneCandidate> newest_first = {
-      {"s6", false}, {"s5", false}, {"s4", true}, {"s3", true}, {"s2", true}};
-  // keep_last 2 would keep s6 and s5, both written after a non-finite step: s4 stays too.
-  EXPECT_EQ(folders_to_prune(newest_first, 2, "s6"), (std::vector<std::string>{"s3", "s2"}));
-  EXPECT_EQ(folders_to_prune(newest_first, 3, "s6"), (std::vector<std::string>{"s3", "s2"}));
-  EXPECT_EQ(folders_to_prune(newest_first, 1, "s6"), (std::vector<std::string>{"s5", "s3", "s2"}));
+TEST(Pruning, KeepsTheNewestTheOneJustWrittenAndTheOneToGoBackTo) {
+  const std::vector<std::string> newest_first = {"s6", "s5", "s4", "s3", "s2"};
+  // keep_last 2 would keep s6 and s5, whose weights no normal step measured: s4 stays too.
+  EXPECT_EQ(folders_to_prune(newest_first, 2, "s6", "s4"), (std::vector<std::string>{"s3", "s2"}));
+  EXPECT_EQ(folders_to_prune(newest_first, 3, "s6", "s4"), (std::vector<std::string>{"s3", "s2"}));
+  EXPECT_EQ(folders_to_prune(newest_first, 1, "s6", "s4"),
+            (std::vector<std::string>{"s5", "s3", "s2"}));
   // The folder just written is never removed, even when a newer one exists (a rerun).
-  EXPECT_EQ(folders_to_prune(newest_first, 1, "s2"), (std::vector<std::string>{"s5", "s3"}));
-  EXPECT_TRUE(folders_to_prune(newest_first, 0, "s6").empty());
-  const std::vector<PruneCandidate> all_finite = {{"s3", true}, {"s2", true}, {"s1", true}};
-  EXPECT_EQ(folders_to_prune(all_finite, 1, "s3"), (std::vector<std::string>{"s2", "s1"}));
+  EXPECT_EQ(folders_to_prune(newest_first, 1, "s2", "s4"), (std::vector<std::string>{"s5", "s3"}));
+  EXPECT_TRUE(folders_to_prune(newest_first, 0, "s6", "s4").empty());
+  // Without one to go back to, only keep_last counts.
+  EXPECT_EQ(folders_to_prune(newest_first, 2, "s6", ""),
+            (std::vector<std::string>{"s4", "s3", "s2"}));
 }
 
 TEST(StepFolders, OnlyStepFoldersWithDigitsNewestFirst) {

@@ -1,11 +1,13 @@
 // The fault suite (ctest label "faults"; docs/failures.md): what a 4-rank job under real
 // mpirun does when a rank is killed or stopped, when a shard is truncated under it, when
-// training diverges, and when ranks are started with different configurations. Each test
+// training diverges, when an overwrite fails before its first checkpoint, and when ranks are
+// started with different configurations. Each test
 // checks the exit status, the message, how long the job took to end, and the checkpoints
 // left behind.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -141,6 +143,8 @@ TEST(Faults, ShardTruncatedWhileTheJobRunsEndsItWithADataErrorNamingTheFile) {
   EXPECT_LT(seconds_after_action(result.output), 15.0) << result.output;
 }
 
+// The case of issue 26: at lr = 1e6 step 1 is normal, but its update blows the weights up, so
+// step 1's checkpoint already holds them and is no state to go back to.
 TEST(Faults, DivergingRunStopsWithoutSavingNonFiniteStateAndStaysResumable) {
   TempDir dir;
   testing::write_text_file(dir.file("c.yaml"),
@@ -150,17 +154,103 @@ TEST(Faults, DivergingRunStopsWithoutSavingNonFiniteStateAndStaysResumable) {
   auto result =
       run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " + dir.file("c.yaml"));
   EXPECT_EQ(result.exit_code, 3) << result.output;
-  // Either the loss went non-finite (named with the step) or the state after a step did
-  // (the save of that step is refused); both name the step.
-  EXPECT_TRUE(result.output.find("not saving step ") != std::string::npos ||
-              result.output.find(": the loss is ") != std::string::npos)
-      << result.output;
+  EXPECT_MENTIONS(result.output, "step 2: ");
+  EXPECT_MENTIONS(result.output, "No checkpoint was saved before the trouble began");
   for (const auto& [step, folder] : checkpoint_step_folders(dir.file("ckpt"))) {
     EXPECT_NO_THROW(verify_checkpoint(folder)) << folder;
     EXPECT_TRUE(read_trainer_state(folder).loss.has_value()) << folder;
   }
   // Its weights are finite but huge: resuming loads them (training on would diverge again).
   expect_latest_intact_and_resumable(dir, 0);
+
+  // Skipping such steps does not help, since the weights themselves are broken: it stops
+  // after train.max_skipped_steps of them instead of finishing with a loss of 1e15.
+  testing::write_text_file(dir.file("skip.yaml"),
+                           job_yaml(dir, 30,
+                                    ", lr: 1.0e+6, grad_clip: 0, on_nonfinite: skip, "
+                                    "max_skipped_steps: 3"));
+  auto skipping = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
+                              dir.file("skip.yaml"));
+  EXPECT_EQ(skipping.exit_code, 3) << skipping.output;
+  EXPECT_MENTIONS(skipping.output, "step 5: ");
+  EXPECT_MENTIONS(skipping.output,
+                  "That is 4 non-finite or spike steps in a row, more than "
+                  "train.max_skipped_steps = 3");
+}
+
+// Trouble that begins later: the checkpoint saved before it is named, survives keep_last
+// pruning while skipped steps write newer ones, and training goes on from it.
+TEST(Faults, DivergingRunNamesTheCheckpointToGoBackToAndKeepsIt) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const std::string checkpoints = "checkpoint: {dir: " + ckpt + ", every: 1, keep_last: 2}";
+  testing::write_text_file(dir.file("good.yaml"), job_yaml(dir, 4, ", " + checkpoints));
+  auto good = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
+                          dir.file("good.yaml"));
+  ASSERT_EQ(good.exit_code, 0) << good.output;
+  // Step 5 measures step 4's weights (normal), then its update at lr = 1e6 blows them up: every
+  // later step is a spike or not finite, and is skipped.
+  testing::write_text_file(dir.file("bad.yaml"),
+                           job_yaml(dir, 30,
+                                    ", lr: 1.0e+6, grad_clip: 0, on_nonfinite: skip, "
+                                    "max_skipped_steps: 3, " +
+                                        checkpoints));
+  auto bad = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
+                         dir.file("bad.yaml") + " --resume auto");
+  EXPECT_EQ(bad.exit_code, 3) << bad.output;
+  const std::string step4 = ckpt + "/step_00000004";
+  EXPECT_MENTIONS(bad.output, "step 9: ");
+  EXPECT_MENTIONS(bad.output, "That is 4 non-finite or spike steps in a row");
+  EXPECT_MENTIONS(bad.output, "The newest checkpoint saved before the trouble began is " + step4);
+  EXPECT_MENTIONS(bad.output, "a spike: the loss");
+  // keep_last 2 keeps steps 8 and 7 (weights of step 5, skipped since), and step 4.
+  std::vector<int64_t> steps;
+  for (const auto& [step, folder] : checkpoint_step_folders(ckpt)) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{8, 7, 4}));
+  EXPECT_NO_THROW(verify_checkpoint(step4));
+
+  // Going back to it with the learning rate that worked trains on normally, replacing the
+  // newer checkpoints (with train.checkpoint.overwrite: the folders on disk decide).
+  testing::write_text_file(dir.file("m.jsonl"), "");
+  auto back = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
+                          dir.file("good.yaml") + " --resume " + step4 +
+                          " --set train.steps=6 --set train.checkpoint.overwrite=true");
+  EXPECT_EQ(back.exit_code, 0) << back.output;
+  const std::vector<double> losses = testing::read_step_losses(dir.file("m.jsonl"));
+  ASSERT_EQ(losses.size(), 2u) << back.output;
+  for (double loss : losses) EXPECT_LT(loss, std::log(100.0)) << back.output;
+  steps.clear();
+  for (const auto& [step, folder] : checkpoint_step_folders(ckpt)) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{6, 5}));
+}
+
+// A run that replaces another's checkpoints (train.checkpoint.overwrite) and fails before its
+// first checkpoint on a token that one rank reads: MPI_Abort ends the job, and the earlier
+// checkpoints are exactly as they were.
+TEST(Faults, OverwriteThatOneRankFailsLeavesTheEarlierCheckpointsByteForByte) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  testing::write_text_file(dir.file("c.yaml"),
+                           job_yaml(dir, 2, ", checkpoint: {dir: " + ckpt + ", every: 1}"));
+  auto first =
+      run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " + dir.file("c.yaml"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto before = testing::snapshot_files(ckpt);
+  // Sequence 0's tokens 256-383 are sp rank 2's slice.
+  std::vector<int32_t> tokens(40000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7919) % 100);
+  tokens[300] = 1000;
+  write_token_shard(dir.file("shard.bin"), tokens, 1);
+  testing::write_text_file(
+      dir.file("over.yaml"),
+      job_yaml(dir, 2, ", checkpoint: {dir: " + ckpt + ", every: 1, overwrite: true}",
+               "data: {source: tokens, path: " + dir.file("shard.bin") + ", order: sequential}\n"));
+  auto over = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
+                          dir.file("over.yaml"));
+  EXPECT_EQ(over.exit_code, 2) << over.output;
+  EXPECT_MENTIONS(over.output, "is 1000, not below model.vocab_size = 100");
+  EXPECT_MENTIONS(over.output, "this run replaces the 2 checkpoint(s) of an earlier run");
+  EXPECT_EQ(testing::snapshot_files(ckpt), before);
 }
 
 struct Mismatch {

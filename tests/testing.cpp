@@ -38,6 +38,15 @@ std::string read_text_file(const std::string& path) {
   return text.str();
 }
 
+std::map<std::string, std::string> snapshot_files(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir))
+    if (entry.is_regular_file())
+      files[std::filesystem::relative(entry.path(), dir).string()] =
+          read_text_file(entry.path().string());
+  return files;
+}
+
 std::vector<nlohmann::json> read_metrics_lines(const std::string& path) {
   std::vector<nlohmann::json> lines;
   std::ifstream in(path);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ class TempDir {
 
 void write_text_file(const std::string& path, const std::string& text);
 std::string read_text_file(const std::string& path);
+// Every regular file under dir, by its path relative to dir, with its bytes: two snapshots
+// are equal when nothing under dir was added, removed or changed.
+std::map<std::string, std::string> snapshot_files(const std::string& dir);
 
 struct CommandResult {
   int exit_code = -1;
