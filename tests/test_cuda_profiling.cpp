@@ -106,7 +106,7 @@ TEST(CudaProfiling, PhasesDeviceTimesAddUpToTheStep) {
 std::vector<uint16_t> random_bf16(int64_t count, uint64_t seed) {
   std::mt19937_64 engine(seed);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<uint16_t> bits(size_t(count));
+  std::vector<uint16_t> bits(static_cast<size_t>(count));
   for (uint16_t& value : bits) value = float_to_bf16(uniform(engine));
   return bits;
 }

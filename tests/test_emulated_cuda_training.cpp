@@ -67,7 +67,7 @@ TEST_P(EmulatedCudaTraining, CheckpointedWithATiledMlpMatchesCpu) {
 TEST(EmulatedCudaProfiling, MetricsCarryDeviceTimeBusyShareAndLaunches) {
   testing::TempDir dir;
   Config config = tiny_config("llama");
-  config.train.steps = 3;
+  config.train.steps = 2;  // slow: each launch runs a thread per GPU thread
   config.log.metrics_file = dir.file("m.jsonl");
   auto emulated = make_emulated_cuda_backend();
   auto world = make_local_comm();
@@ -79,7 +79,7 @@ TEST(EmulatedCudaProfiling, MetricsCarryDeviceTimeBusyShareAndLaunches) {
   std::vector<nlohmann::json> steps;
   for (const nlohmann::json& line : testing::read_metrics_lines(dir.file("m.jsonl")))
     if (line.contains("phases")) steps.push_back(line);
-  ASSERT_EQ(steps.size(), 3u);
+  ASSERT_EQ(steps.size(), 2u);
   for (const nlohmann::json& step : steps) {
     SCOPED_TRACE(step.dump());
     const double step_seconds = step["step_ms"].get<double>() / 1e3;
@@ -101,7 +101,7 @@ TEST(EmulatedCudaProfiling, MetricsCarryDeviceTimeBusyShareAndLaunches) {
     EXPECT_GE(step["device_readback_ms"].get<double>(), 0.0);
   }
   // The same operations every step: a count that leaked across steps would differ.
-  EXPECT_EQ(steps[1]["launches"], steps[2]["launches"]);
+  EXPECT_EQ(steps[0]["launches"], steps[1]["launches"]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EmulatedCudaTraining,
