@@ -351,6 +351,7 @@ void Trainer::finish_profiling() {
     trace_.insert(trace_.end(), rest.begin(), rest.end());
   }
   profiler.set_trace(false);
+  profiler.set_device_timing(false);  // no one takes the device's spans after the last step
   if (!config_.log.trace_file.empty()) {
     write_trace_file(*mesh_.world, trace_, config_.log.trace_file);
     if (mesh_.world->rank() == 0)

@@ -45,10 +45,10 @@ inline constexpr const char* kTransferStream = "transfer stream";        // offl
 }  // namespace phase
 
 struct PhaseTotals {
-  // Self time: on the device where the profiler has a device timeline, else on the host.
+  // Self time: on the device while device timing is on, else on the host.
   double seconds = 0.0;
   double host_seconds = 0.0;  // self time on the host (equal to seconds without a device)
-  // Of seconds, the time during which the device had work queued (device timeline only).
+  // Of seconds, the time during which the device had work queued (device timing only).
   double busy_seconds = 0.0;
   int64_t bytes = 0;
   double flops = 0.0;
@@ -133,11 +133,12 @@ class Profiler {
     open_range_ = open;
     close_range_ = close;
   }
-  // The backend's device timeline: from here on every phase is timed on it as well.
+  // The backend's device timeline, where phases are timed while device timing is on.
   void set_device_timeline(DeviceTimeline* timeline) { device_ = timeline; }
-  // On by default; off, phases are timed on the host only and the device records nothing
-  // (log.device_timing: false, to measure what the device timing costs). Turning it off
-  // drops what the timeline has not handed over yet.
+  // Off until the trainer turns it on (log.device_timing): only a caller that takes the totals
+  // once per step may, or the timeline's spans would pile up. Off, phases are timed on the host
+  // only and the device records nothing. Turning it off drops what the timeline has not handed
+  // over yet.
   void set_device_timing(bool on);
   // Whether phases are timed on a device: what the streams beside the backend's ask before
   // handing spans to the timeline.
@@ -195,7 +196,7 @@ class Profiler {
   void (*open_range_)(const char*) = nullptr;
   void (*close_range_)() = nullptr;
   DeviceTimeline* device_ = nullptr;
-  bool device_timing_ = true;
+  bool device_timing_ = false;
 };
 
 }  // namespace ulysses

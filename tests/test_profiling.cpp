@@ -204,6 +204,9 @@ TEST(Profiling, DeviceTimelineSeesEveryOpenedPhaseAndItsSpansJoinTheTrace) {
   Profiler profiler;
   RecordingTimeline timeline;
   profiler.set_device_timeline(&timeline);
+  { Profiler::Scope off(profiler, "before device timing"); }
+  EXPECT_TRUE(timeline.calls.empty()) << "device timing is off until it is turned on";
+  profiler.set_device_timing(true);
   { Profiler::Scope untraced(profiler, "before tracing"); }
   const ProfileTotals before = profiler.take_totals();
   EXPECT_TRUE(before.device_timed);
@@ -276,6 +279,8 @@ TEST(Profiling, DeviceTimingOffTimesOnTheHostAndRecordsNothingOnTheDevice) {
   Profiler profiler;
   RecordingTimeline timeline;
   profiler.set_device_timeline(&timeline);
+  profiler.set_device_timing(true);
+  EXPECT_TRUE(profiler.device_timing());
   profiler.set_device_timing(false);
   EXPECT_FALSE(profiler.device_timing());
   { Profiler::Scope phase(profiler, "mlp"); }
@@ -314,6 +319,7 @@ ProfileTotals fake_step(DeviceRecord record,
   Profiler profiler;
   FakeTimeline timeline;
   profiler.set_device_timeline(&timeline);
+  profiler.set_device_timing(true);
   {
     Profiler::Scope step(profiler, phase::kStep);
     for (const auto& [name, ms] : host_ms) {
@@ -396,14 +402,15 @@ Report report(const ProfileTotals& totals, double step_seconds, const VerdictCon
 
 TEST(Profiling, VerdictSaysLaunchBoundWhenTheDeviceIsIdleAndNamesTheHostHeavyPhases) {
   // 100 ms of step; the device had work queued 20 ms of it, 5 of them in the mlp, 1 in the
-  // qkv projection, while the host spent at least 30 and 10 ms there.
+  // qkv projection, while the host spent at least 50 and 5 ms there (far apart, so that a
+  // sleep that overruns on a loaded machine does not swap them).
   DeviceRecord record;
   record.spans = {device_span("qkv projection", "step", 0.000, 0.040),
                   device_span("mlp", "step", 0.040, 0.090),
                   device_span("step", nullptr, 0.0, 0.100)};
   record.busy = {{0.039, 0.040}, {0.085, 0.090}, {0.090, 0.104}};
   record.launches = 500;
-  const ProfileTotals totals = fake_step(record, {{"qkv projection", 10}, {"mlp", 30}});
+  const ProfileTotals totals = fake_step(record, {{"qkv projection", 5}, {"mlp", 50}});
   VerdictContext context;
   context.native_attention = true;
   const Report result = report(totals, 0.100, context);
@@ -414,7 +421,8 @@ TEST(Profiling, VerdictSaysLaunchBoundWhenTheDeviceIsIdleAndNamesTheHostHeavyPha
   const size_t qkv = result.verdict.line.find("qkv projection (host ");
   ASSERT_NE(mlp, std::string::npos) << result.verdict.line;
   ASSERT_NE(qkv, std::string::npos) << result.verdict.line;
-  EXPECT_LT(mlp, qkv) << "the host's 30 ms in the mlp exceed the device's 5 the most";
+  EXPECT_LT(mlp, qkv) << "the host's 50 ms in the mlp exceed the device's 5 the most: "
+                      << result.verdict.line;
   EXPECT_MENTIONS(result.verdict.line, "device busy 5.00 ms per step");
   EXPECT_EQ(result.verdict.line.find("more threads per rank"), std::string::npos);
   // The table: device time with the host's beside it, the busy share and the launches.

@@ -1,6 +1,6 @@
 // The count of operations this process enqueued on the device: kernels, GEMMs, cuDNN graphs,
-// copies and fills. The device timeline reports it per step (docs/profiling.md,
-// "Launch-bound"). Plain C++: the backend's .cpp files count too.
+// copies and fills. The device timeline reports it per step (docs/profiling.md, "Device
+// time"). Plain C++: the backend's .cpp files count too.
 #pragma once
 
 #include <atomic>
