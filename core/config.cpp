@@ -296,8 +296,15 @@ const std::vector<Field>& fields() {
        "the first `trace_steps` steps; `scripts/plot-trace.py` draws it (docs/profiling.md)"},
       {ULYSSES_KEY(log.trace_steps), at_least(1), "", "steps the trace covers"},
       {ULYSSES_KEY(log.verdict_every), at_least(0), "",
-       "steps between verdicts on what bounds the run (communication, compute, memory, "
-       "overhead); 0 = only at the end of the run"},
+       "steps between verdicts on what bounds the run (communication, launches, compute, "
+       "memory, overhead); 0 = only at the end of the run"},
+      {ULYSSES_KEY(log.device_timing),
+       {},
+       "",
+       "on a backend with a device stream (cuda), time every phase with CUDA events where its "
+       "work runs, read back once per step: the metrics, the table and the verdict use device "
+       "time (docs/profiling.md); `false` times phases on the host only, to measure what the "
+       "events cost. No effect with `device: cpu`"},
   };
   return table;
 }

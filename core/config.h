@@ -181,6 +181,8 @@ struct LogConfig {
   int trace_steps = 10;
   // Steps between verdicts on what bounds the run; 0 = only at the end.
   int verdict_every = 0;
+  // Phases timed on the device where the backend has one (docs/profiling.md, "Device time").
+  bool device_timing = true;
 };
 
 struct Config {

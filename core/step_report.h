@@ -1,7 +1,7 @@
 // What the phases of the steps say about a run (docs/profiling.md): each step's phases for
 // the metrics file, the end-of-run table over the ranks (share of the step, max over ranks,
-// slowest rank) and a one-line verdict on what bounds the run, with the numbers behind it
-// and what to try.
+// slowest rank; on a device, its busy share and launches) and a one-line verdict on what
+// bounds the run, with the numbers behind it and what to try.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,10 @@ namespace ulysses {
 // collectives overlap these and are not among them.
 const std::vector<std::string>& step_phases();
 
-// {"qkv projection": {"s": seconds, "bytes": bytes, "flops": flops}, ...} for the phases that
-// ran.
-nlohmann::json phases_json(const std::map<std::string, PhaseTotals>& totals);
+// {"qkv projection": {"s": seconds, "host_s": host seconds, "bytes": bytes, "flops": flops},
+// ...} for the phases that ran; s is device time where the totals are device-timed, which
+// also gives each phase "busy_s".
+nlohmann::json phases_json(const ProfileTotals& totals);
 
 // What the verdict needs besides the phases.
 struct VerdictContext {
@@ -33,36 +34,40 @@ struct VerdictContext {
   int sp = 1;
   int ranks_on_node = 1;  // ranks sharing this rank's node
   int cores_on_node = 1;
+  bool native_attention = false;  // kernels.attention: native (what a device run may change)
 };
 
 struct Verdict {
-  std::string kind;  // communication-bound | compute-bound | memory-bound | overhead-bound
+  // communication-bound | launch-bound | compute-bound | memory-bound | overhead-bound
+  std::string kind;
   std::string line;  // the numbers behind it and what to try
 };
 
-// The kind and its line from one rank's totals over some steps (time per phase and the
-// in-flight collectives), the steps' wall time, and the context.
-Verdict judge(const std::map<std::string, PhaseTotals>& totals, double step_seconds,
+// The kind and its line from one rank's totals over `steps` steps (time per phase, the
+// in-flight collectives and, on a device, its busy time and launches), the steps' wall time,
+// and the context. Device-timed totals get advice for the device.
+Verdict judge(const ProfileTotals& totals, double step_seconds, int64_t steps,
               const VerdictContext& context);
 
 // Sums the phases of the steps of a run on this rank.
 class RunProfile {
  public:
-  void add_step(const std::map<std::string, PhaseTotals>& totals, double step_seconds);
-  const std::map<std::string, PhaseTotals>& totals() const { return totals_; }
+  void add_step(const ProfileTotals& totals, double step_seconds);
+  const ProfileTotals& totals() const { return totals_; }
   double seconds() const { return seconds_; }
   int64_t steps() const { return steps_; }
 
   // Collective over world: the end-of-run table (rank 0; "" elsewhere): per phase the mean
   // seconds per step over the ranks and its share of the step, the max over ranks and the
-  // slowest rank.
+  // slowest rank; device-timed, also the host's seconds, the device streams beside the
+  // compute one, the device's busy share and its launches per step.
   std::string table(Comm& world) const;
-  // Collective: the totals of the step phases and the all-to-alls in flight, averaged over the
-  // ranks (what the verdict judges).
-  std::map<std::string, PhaseTotals> mean_over_ranks(Comm& world) const;
+  // Collective: the totals of the step phases, the all-to-alls in flight and the device
+  // streams, averaged over the ranks (what the verdict judges).
+  ProfileTotals mean_over_ranks(Comm& world) const;
 
  private:
-  std::map<std::string, PhaseTotals> totals_;
+  ProfileTotals totals_;
   double seconds_ = 0.0;
   int64_t steps_ = 0;
 };

@@ -38,7 +38,8 @@ std::string trace_events_json(const std::vector<TraceSpan>& spans, int rank) {
   // where they have spans.
   const std::pair<int, const char*> device_tracks[] = {
       {Profiler::kDeviceTrack, "device stream"},
-      {Profiler::kDeviceCollectiveTrack, "collectives stream"}};
+      {Profiler::kDeviceCollectiveTrack, "collectives stream"},
+      {Profiler::kDeviceTransferTrack, "transfer stream"}};
   for (const auto& [track, track_name] : device_tracks) {
     const bool used =
         std::any_of(spans.begin(), spans.end(),

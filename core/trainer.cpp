@@ -351,11 +351,13 @@ void Trainer::start_profiling() {
   verdict_context_.ranks_on_node = ranks_on_this_node(*mesh_.world);
   verdict_context_.cores_on_node = int(std::thread::hardware_concurrency());
   verdict_context_.limit_bytes = backend_.memory().limit();
+  verdict_context_.native_attention = config_.kernels.attention == AttentionKernel::native;
   // The all-to-all of one q tensor: B·Tl·H·d elements.
   verdict_context_.bare_all_to_all_bytes =
       batch_size_ * seq_local_ * config_.model.d_model * int64_t(sizeof(float));
   verdict_context_.bare_all_to_all_gbps =
       measure_all_to_all_gbps(*mesh_.sp, backend_, verdict_context_.bare_all_to_all_bytes);
+  profiler.set_device_timing(config_.log.device_timing);
   mesh_.world->barrier();
   profiler.reset_origin();
   profiler.take_totals();
@@ -365,10 +367,10 @@ void Trainer::start_profiling() {
 
 Verdict Trainer::current_verdict() {
   verdict_context_.peak_bytes = backend_.memory().stats().total_peak;
-  const std::map<std::string, PhaseTotals> mean = profile_.mean_over_ranks(*mesh_.world);
+  const ProfileTotals mean = profile_.mean_over_ranks(*mesh_.world);
   double step_seconds = profile_.seconds();
   mesh_.world->all_reduce_host(&step_seconds, 1, ReduceOp::sum);
-  return judge(mean, step_seconds / mesh_.world->size(), verdict_context_);
+  return judge(mean, step_seconds / mesh_.world->size(), profile_.steps(), verdict_context_);
 }
 
 void Trainer::finish_profiling() {
@@ -378,6 +380,7 @@ void Trainer::finish_profiling() {
     trace_.insert(trace_.end(), rest.begin(), rest.end());
   }
   profiler.set_trace(false);
+  profiler.set_device_timing(false);  // no one takes the device's spans after the last step
   if (!config_.log.trace_file.empty()) {
     write_trace_file(*mesh_.world, trace_, config_.log.trace_file);
     if (mesh_.world->rank() == 0)
@@ -395,11 +398,11 @@ void Trainer::finish_profiling() {
 }
 
 void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_seconds,
-                       const std::map<std::string, PhaseTotals>& phases) {
+                       const ProfileTotals& phases, double readback_seconds) {
   stage_seconds_ += r.step_seconds;
   ++stage_steps_;
   const MemoryStats& memory = backend_.memory().stats();
-  const nlohmann::json phases_max = phases_max_json(phases);  // collective: every rank
+  const nlohmann::json phases_max = phases_max_json(phases.phases);  // collective: every rank
   if (metrics_) {
     nlohmann::json line = {{"step", r.step},
                            {"loss", r.loss},
@@ -418,6 +421,11 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
     if (r.spike) line["spike"] = true;
     line["phases"] = phases_json(phases);
     line["phases_max_s"] = phases_max;
+    if (phases.device_timed) {
+      line["device_busy"] = phases.device_busy_seconds / r.step_seconds;
+      line["launches"] = phases.launches;
+      line["device_readback_ms"] = readback_seconds * 1e3;
+    }
     metrics_->write(line);
   }
   const int every = config_.log.every;
@@ -454,7 +462,10 @@ void Trainer::run() {
     profiler.take_totals();  // evaluation and checkpoints between steps are not step phases
     CommStats before = sum_stats(comms);
     StepResult result = train_step();
-    const std::map<std::string, PhaseTotals> phases = profiler.take_totals();
+    // After the step's synchronisation: the device's times are read back here, once.
+    const Stopwatch readback;
+    const ProfileTotals phases = profiler.take_totals();
+    const double readback_seconds = readback.seconds();
     profile_.add_step(phases, result.step_seconds);
     if (profiler.tracing() && profile_.steps() == config_.log.trace_steps) {
       trace_ = profiler.take_trace();
@@ -462,7 +473,7 @@ void Trainer::run() {
     }
     CommStats comm = sum_stats(comms) - before;
     double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
-    log_step(result, comm, comm_seconds, phases);
+    log_step(result, comm, comm_seconds, phases, readback_seconds);
     if (config_.log.verdict_every > 0 && step_ % config_.log.verdict_every == 0) {
       const Verdict verdict = current_verdict();
       if (mesh_.world->rank() == 0)

@@ -89,8 +89,9 @@ class Trainer {
   // A non-finite loss or gradient norm, or a spike (spike says why; "" for non-finite):
   // throws (abort, or too many skips) or logs a skip.
   void handle_bad_step(const StepResult& result, const std::string& spike);
+  // readback_seconds: reading the step's device times back (device-timed phases only).
   void log_step(const StepResult& result, const CommStats& comm_delta, double comm_seconds,
-                const std::map<std::string, PhaseTotals>& phases);
+                const ProfileTotals& phases, double readback_seconds);
   // Collective: every rank's time per step phase, max over the ranks (for the metrics file).
   nlohmann::json phases_max_json(const std::map<std::string, PhaseTotals>& phases) const;
   // Before the first step: traces line up, the bare all-to-all is measured for the verdict.

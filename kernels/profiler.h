@@ -1,15 +1,18 @@
-// Where the time of a training step goes (docs/profiling.md). Phases are named spans timed
-// on the host; they nest, and time is charged to the innermost open phase (self time), so
-// the phases of a step add up to the step. A phase may carry the bytes it moved and the
-// FLOPs it computed. Operations that run on their own between an issue and a completion
-// (non-blocking collectives) are recorded as spans of their own on a second track. With
-// tracing on, every span is also kept for a Chrome trace-event file.
+// Where the time of a training step goes (docs/profiling.md). Phases are named spans; they
+// nest, and time is charged to the innermost open phase (self time), so the phases of a step
+// add up to the step. A phase may carry the bytes it moved and the FLOPs it computed. Each
+// phase is timed on the host and, where the backend has a device timeline (cuda), also where
+// its work ran on the device: there the device time is the phase's time. Operations that run
+// on their own between an issue and a completion (non-blocking collectives) are recorded as
+// spans of their own on a second track. With tracing on, every span is also kept for a
+// Chrome trace-event file.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ulysses {
@@ -36,37 +39,73 @@ inline constexpr const char* kOptimizer = "optimizer";
 inline constexpr const char* kAllToAllInFlight = "all-to-all (in flight)";
 inline constexpr const char* kWeightGatherInFlight = "weight gather (in flight)";
 inline constexpr const char* kGradientReductionInFlight = "gradient reduction (in flight)";
+// What the device's other streams ran (device timeline only); they overlap the phases too.
+inline constexpr const char* kCollectivesStream = "collectives stream";  // NCCL
+inline constexpr const char* kTransferStream = "transfer stream";        // offload copies
 }  // namespace phase
 
 struct PhaseTotals {
-  double seconds = 0.0;  // self time
+  // Self time: on the device while device timing is on, else on the host.
+  double seconds = 0.0;
+  double host_seconds = 0.0;  // self time on the host (equal to seconds without a device)
+  // Of seconds, the time during which the device had work queued (device timing only).
+  double busy_seconds = 0.0;
   int64_t bytes = 0;
   double flops = 0.0;
   int64_t count = 0;  // spans
+};
+
+// What the profiler measured since the last take.
+struct ProfileTotals {
+  std::map<std::string, PhaseTotals> phases;
+  bool device_timed = false;         // the phases' seconds are device time
+  double device_busy_seconds = 0.0;  // some device stream had work queued (docs/profiling.md)
+  int64_t launches = 0;              // operations enqueued on the device
 };
 
 struct TraceSpan {
   std::string name;
   double begin_us = 0.0;  // since the profiler's origin
   double duration_us = 0.0;
-  // 0: the compute thread; 1: collectives in flight; 2: the device stream; 3: the
-  // collectives' device stream
+  // Profiler::kComputeTrack, kCommTrack, kDeviceTrack, kDeviceCollectiveTrack or
+  // kDeviceTransferTrack
   int track = 0;
   int64_t bytes = 0;
   double flops = 0.0;
 };
 
-// Times on a device stream, for a backend whose ops run asynchronously (cuda): while the
-// profiler traces, it says where each phase opens and closes, and the timeline returns the
-// spans as the device ran them when the trace is taken.
+// A span as a device stream ran it, on the host's clock: seconds since the profiler's origin.
+struct DeviceSpan {
+  const char* name = nullptr;
+  // The phase it ran inside, on the same stream; nullptr at the top and on the other streams.
+  const char* parent = nullptr;
+  int track = 0;  // Profiler::kDeviceTrack for phases; the other device tracks for the rest
+  double begin = 0.0, end = 0.0;
+  int64_t bytes = 0;
+};
+
+// What a device timeline measured since its last take.
+struct DeviceRecord {
+  std::vector<DeviceSpan> spans;  // closed since the last take
+  // Intervals (seconds since the origin; they may overlap) during which some stream of the
+  // device had work it had not finished: what the busy time is made of.
+  std::vector<std::pair<double, double>> busy;
+  int64_t launches = 0;  // operations enqueued on the device since the last take
+};
+
+// Times on a device that runs work asynchronously (cuda): the profiler says where each phase
+// opens and closes on the host, the timeline marks the same points on the device stream, and
+// the take, after the step's synchronisation, returns where the device reached them.
 class DeviceTimeline {
  public:
+  using Clock = std::chrono::steady_clock;
   virtual ~DeviceTimeline() = default;
-  virtual void reset_origin() = 0;  // at the profiler's origin
-  virtual void open(const char* phase) = 0;
-  virtual void close() = 0;
-  // Waits for the device; the spans recorded since the last call, on the device tracks.
-  virtual std::vector<TraceSpan> take() = 0;
+  // issued: when the host opened or closed the phase.
+  virtual void open(const char* phase, Clock::time_point issued) = 0;
+  // Called from a phase's destructor: it never throws; a failed record shows up in take.
+  virtual void close(Clock::time_point issued) = 0;
+  // Waits for the device; what it measured since the last call, relative to origin.
+  virtual DeviceRecord take(Clock::time_point origin) = 0;
 };
 
 class Profiler {
@@ -75,6 +114,7 @@ class Profiler {
   static constexpr int kCommTrack = 1;
   static constexpr int kDeviceTrack = 2;            // the backend's stream, where it has one
   static constexpr int kDeviceCollectiveTrack = 3;  // a device communicator's stream (NCCL)
+  static constexpr int kDeviceTransferTrack = 4;    // the offload copies' stream
 
   // Inline: the backends construct one without linking this library's objects.
   Profiler() : origin_(std::chrono::steady_clock::now()) {}
@@ -93,7 +133,16 @@ class Profiler {
     open_range_ = open;
     close_range_ = close;
   }
+  // The backend's device timeline, where phases are timed while device timing is on.
   void set_device_timeline(DeviceTimeline* timeline) { device_ = timeline; }
+  // Off until the trainer turns it on (log.device_timing): only a caller that takes the totals
+  // once per step may, or the timeline's spans would pile up. Off, phases are timed on the host
+  // only and the device records nothing. Turning it off drops what the timeline has not handed
+  // over yet.
+  void set_device_timing(bool on);
+  // Whether phases are timed on a device: what the streams beside the backend's ask before
+  // handing spans to the timeline.
+  bool device_timing() const { return device_ != nullptr && device_timing_; }
 
   // Inside an absorbing phase (recompute) nested phases are not opened: their time is the
   // absorbing phase's, except for phases marked as waiting on communication.
@@ -113,13 +162,15 @@ class Profiler {
     bool open_;
   };
 
-  // A span that ran by itself from begin to end (seconds since the origin): it goes on the
-  // communication track and into the totals under its name, without touching the nesting.
+  // A span that ran by itself from begin to end (seconds since the origin, on the host): it
+  // goes on the communication track and into the totals under its name, without touching the
+  // nesting.
   void record_in_flight(const std::string& name, double begin, double end, int64_t bytes);
 
-  // Totals by phase since the last call, then cleared.
-  std::map<std::string, PhaseTotals> take_totals();
-  // Trace spans since the last call, then cleared.
+  // Totals since the last call, then cleared. With a device timeline this waits for the device
+  // (call it after the step's synchronisation) and the phases' seconds are device time.
+  ProfileTotals take_totals();
+  // Trace spans since the last call, then cleared; like take_totals, it reads the device.
   std::vector<TraceSpan> take_trace();
 
  private:
@@ -134,15 +185,18 @@ class Profiler {
   };
   bool push(const char* phase, Kind kind, int64_t bytes, double flops);
   void pop();
+  // Folds what the device timeline measured into the totals (and the trace).
+  void collect_device();
 
   std::chrono::steady_clock::time_point origin_;
   bool trace_ = false;
   std::vector<Open> stack_;
-  std::map<std::string, PhaseTotals> totals_;
+  ProfileTotals totals_;
   std::vector<TraceSpan> trace_spans_;
   void (*open_range_)(const char*) = nullptr;
   void (*close_range_)() = nullptr;
   DeviceTimeline* device_ = nullptr;
+  bool device_timing_ = false;
 };
 
 }  // namespace ulysses

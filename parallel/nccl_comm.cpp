@@ -20,8 +20,9 @@ struct NcclComm::Native {
   cudaStream_t stream = nullptr;   // the communicator's own
   cudaStream_t compute = nullptr;  // the backend's, not owned
   int device = 0;
-  // While the backend's profiler traces, each collective is timed on the stream and handed
-  // to the backend's timeline (docs/profiling.md); both are the backend's.
+  // While the backend's profiler times the device, each collective is timed on the stream and
+  // handed to the backend's timeline (docs/profiling.md, "Device time"); both are the
+  // backend's.
   Profiler* profiler = nullptr;
   CudaTimeline* timeline = nullptr;
 };
@@ -80,13 +81,13 @@ class NcclComm::Request final : public CommRequest {
         operation_(operation),
         bytes_(bytes),
         seconds_(seconds) {
-    const bool traced = native_.timeline && native_.profiler->tracing();
-    check_cuda(
-        cudaEventCreateWithFlags(&done_event_, traced ? cudaEventDefault : cudaEventDisableTiming),
-        "cudaEventCreate", comm_name_);
-    if (traced) {
-      check_cuda(cudaEventCreate(&begin_event_), "cudaEventCreate", comm_name_);
+    if (native_.timeline && native_.profiler->device_timing()) {
+      begin_event_ = native_.timeline->acquire_event();
+      done_event_ = native_.timeline->acquire_event();
       check_cuda(cudaEventRecord(begin_event_, native_.stream), "cudaEventRecord", comm_name_);
+    } else {
+      check_cuda(cudaEventCreateWithFlags(&done_event_, cudaEventDisableTiming), "cudaEventCreate",
+                 comm_name_);
     }
   }
 
@@ -127,7 +128,8 @@ class NcclComm::Request final : public CommRequest {
                comm_name_);
     check_nccl(async_error, "NCCL operation", comm_name_, native_.comm);
     if (begin_event_) {
-      native_.timeline->add_collective(operation_, begin_event_, done_event_, bytes_);
+      native_.timeline->add_span(Profiler::kDeviceCollectiveTrack, operation_, begin_event_,
+                                 done_event_, bytes_);
       begin_event_ = done_event_ = nullptr;
     }
   }
@@ -139,7 +141,7 @@ class NcclComm::Request final : public CommRequest {
   int64_t bytes_;
   double* seconds_;
   Stopwatch clock_;                    // issue to completion
-  cudaEvent_t begin_event_ = nullptr;  // only while tracing
+  cudaEvent_t begin_event_ = nullptr;  // only while the device is timed
   cudaEvent_t done_event_ = nullptr;
 };
 
@@ -280,6 +282,8 @@ std::unique_ptr<Comm> NcclComm::split(int color, int key, const std::string& nam
   auto native = std::make_unique<Native>();
   native->compute = native_->compute;
   native->device = native_->device;
+  native->profiler = native_->profiler;
+  native->timeline = native_->timeline;
   check_nccl(ncclCommSplit(native_->comm, color, key, &native->comm, nullptr), "ncclCommSplit",
              this->name(), native_->comm);
   check_cuda(cudaStreamCreateWithFlags(&native->stream, cudaStreamNonBlocking), "cudaStreamCreate",

@@ -26,7 +26,7 @@ nvidia-smi -L | head -1
 echo "== build (Release, CUDA on) into $BUILD"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DULYSSES_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target test_backend_ops test_cuda_ops test_cuda_training staged_comm_test staged_training_test ulysses-train \
+cmake --build "$BUILD" -j"$(nproc)" --target test_backend_ops test_cuda_ops test_cuda_training test_cuda_profiling staged_comm_test staged_training_test ulysses-train \
   >"$BUILD.build.log" 2>&1 || { tail -50 "$BUILD.build.log"; exit 1; }
 
 echo "== GPU tests"
@@ -38,7 +38,7 @@ if grep -q "SKIPPED\|FAILED" "$BUILD/test_backend_ops.log"; then
   echo "gpu-check: test_backend_ops (cuda_on_gpu) failed or skipped on a machine with a GPU" >&2
   exit 1
 fi
-for test in test_cuda_ops test_cuda_training; do
+for test in test_cuda_ops test_cuda_training test_cuda_profiling; do
   "$BUILD/tests/$test" --gtest_brief=1 2>&1 | tee "$BUILD/$test.log"
   if grep -q "SKIPPED" "$BUILD/$test.log"; then
     echo "gpu-check: $test skipped tests on a machine with a GPU" >&2

@@ -3,12 +3,15 @@
 // (kernels/op_scratch.h) and host-side plans (column chunks, the embedding's token order), so
 // the test of one checks the other's device code. The loss's tile loop and the sum of squares'
 // two passes are the backend's own code (lm_head_loss_tiles, sum_squares_passes), run with
-// kernels launched on the host.
+// kernels launched on the host. Its device timeline (HostTimeline) lets the profiler time it as
+// it times the GPU, so the device-time path runs on every machine.
 #include "tests/emulated_cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -30,8 +33,7 @@ namespace ulysses {
 namespace {
 
 using cuda::bf16;
-using cuda::emulation::HostLaunch;
-using cuda::emulation::launch;
+using Clock = DeviceTimeline::Clock;
 
 template <typename T>
 T* data_of(const Tensor& t) {
@@ -62,9 +64,72 @@ std::vector<float> as_f32(const Tensor& t) {
   return values;
 }
 
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// The emulated device's timeline. It runs each operation inside the call that enqueues it, so
+// it reaches every phase mark as the host issues it, and it is busy exactly while an operation
+// runs.
+class HostTimeline final : public DeviceTimeline {
+ public:
+  void open(const char* phase, Clock::time_point issued) override {
+    open_.push_back({phase, open_.empty() ? nullptr : open_.back().phase, issued, {}});
+  }
+  void close(Clock::time_point issued) override {
+    if (open_.empty()) return;
+    closed_.push_back(open_.back());
+    closed_.back().end = issued;
+    open_.pop_back();
+  }
+  DeviceRecord take(Clock::time_point origin) override {
+    DeviceRecord record;
+    for (const Span& span : closed_)
+      record.spans.push_back({span.phase, span.parent, Profiler::kDeviceTrack,
+                              seconds_between(origin, span.begin),
+                              seconds_between(origin, span.end), 0});
+    for (const auto& [begin, end] : busy_)
+      record.busy.emplace_back(seconds_between(origin, begin), seconds_between(origin, end));
+    record.launches = launches_;
+    closed_.clear();
+    busy_.clear();
+    launches_ = 0;
+    return record;
+  }
+  // One operation ran from begin to end.
+  void ran(Clock::time_point begin, Clock::time_point end) {
+    busy_.emplace_back(begin, end);
+    ++launches_;
+  }
+
+ private:
+  struct Span {
+    const char* phase;
+    const char* parent;
+    Clock::time_point begin, end;
+  };
+  std::vector<Span> open_, closed_;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> busy_;
+  int64_t launches_ = 0;
+};
+
+// An operation of the emulated device, from construction to destruction.
+class Operation {
+ public:
+  explicit Operation(HostTimeline& timeline) : timeline_(timeline) {}
+  ~Operation() { timeline_.ran(begin_, Clock::now()); }
+  Operation(const Operation&) = delete;
+  Operation& operator=(const Operation&) = delete;
+
+ private:
+  HostTimeline& timeline_;
+  Clock::time_point begin_ = Clock::now();
+};
+
 class EmulatedCudaBackend final : public Backend {
  public:
-  EmulatedCudaBackend() : Backend(0) {}
+  EmulatedCudaBackend() : Backend(0) { profiler().set_device_timeline(&timeline_); }
+  ~EmulatedCudaBackend() override { profiler().set_device_timeline(nullptr); }
 
   std::string name() const override { return "cuda (emulated on the host)"; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cuda); }
@@ -77,20 +142,44 @@ class EmulatedCudaBackend final : public Backend {
   void synchronize() override {}
 
  private:
+  // The kernel launches of kernels/cuda/*.cu, each an operation of the emulated device.
+  template <typename Shape>
+  void launch(const Shape& shape, const std::function<void()>& body) {
+    const Operation operation(timeline_);
+    cuda::emulation::launch(shape, body);
+  }
+  // As cuda::emulation::HostLaunch, through launch above.
+  struct TimedLaunch {
+    EmulatedCudaBackend* backend;
+    template <typename Shape, typename Kernel, typename... Args>
+    void operator()(const Shape& shape, Kernel kernel, Args... args) const {
+      backend->launch(shape, [&] { kernel(args...); });
+    }
+  };
+
   void upload_impl(const Tensor& dst, const void* host_src) override {
-    if (dst.bytes() != 0) std::memcpy(dst.data, host_src, dst.bytes());
+    if (dst.bytes() == 0) return;
+    const Operation operation(timeline_);
+    std::memcpy(dst.data, host_src, dst.bytes());
   }
   void download_impl(void* host_dst, const Tensor& src) override {
-    if (src.bytes() != 0) std::memcpy(host_dst, src.data, src.bytes());
+    if (src.bytes() == 0) return;
+    const Operation operation(timeline_);
+    std::memcpy(host_dst, src.data, src.bytes());
   }
   void copy_impl(const Tensor& dst, const Tensor& src) override {
-    if (dst.bytes() != 0 && dst.data != src.data) std::memcpy(dst.data, src.data, dst.bytes());
+    if (dst.bytes() == 0 || dst.data == src.data) return;
+    const Operation operation(timeline_);
+    std::memcpy(dst.data, src.data, dst.bytes());
   }
   void fill_zero_impl(const Tensor& dst) override {
-    if (dst.bytes() != 0) std::memset(dst.data, 0, dst.bytes());
+    if (dst.bytes() == 0) return;
+    const Operation operation(timeline_);
+    std::memset(dst.data, 0, dst.bytes());
   }
   void copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
                     int64_t row_bytes, int64_t rows) override {
+    const Operation operation(timeline_);
     for (int64_t row = 0; row < rows; ++row)
       std::memcpy(static_cast<char*>(dst) + row * dst_pitch,
                   static_cast<const char*>(src) + row * src_pitch, size_t(row_bytes));
@@ -136,7 +225,7 @@ class EmulatedCudaBackend final : public Backend {
     std::vector<double> partial(size_t(blocks) + 1, NAN);
     dispatch_float(x, [&](auto tag) {
       using T = decltype(tag);
-      cuda::sum_squares_passes(HostLaunch{}, partial.data(), data_of<const T>(x), n);
+      cuda::sum_squares_passes(TimedLaunch{this}, partial.data(), data_of<const T>(x), n);
     });
     return partial[size_t(blocks)];
   }
@@ -144,6 +233,7 @@ class EmulatedCudaBackend final : public Backend {
   // cuBLASLt's part, on the cpu backend in f32; a bf16 c is rounded once at the end.
   void gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                  float alpha, float beta) override {
+    const Operation operation(timeline_);
     std::vector<float> a32 = as_f32(a), b32 = as_f32(b), c32 = as_f32(c);
     const Tensor a_view(a32.data(), DType::f32, {a.shape[0], a.shape[1]});
     const Tensor b_view(b32.data(), DType::f32, {b.shape[0], b.shape[1]});
@@ -424,8 +514,9 @@ class EmulatedCudaBackend final : public Backend {
                                const Tensor& dweight) override {
     LossResult result;
     dispatch_float(hidden, [&](auto tag) {
-      result = cuda::lm_head_loss_tiles<decltype(tag)>(*this, HostLaunch{}, hidden, weight, targets,
-                                                       tile_rows, grad_scale, dhidden, dweight);
+      result =
+          cuda::lm_head_loss_tiles<decltype(tag)>(*this, TimedLaunch{this}, hidden, weight, targets,
+                                                  tile_rows, grad_scale, dhidden, dweight);
     });
     return result;
   }
@@ -450,6 +541,7 @@ class EmulatedCudaBackend final : public Backend {
   }
 
   CpuBackend cpu_;
+  HostTimeline timeline_;
 };
 
 }  // namespace

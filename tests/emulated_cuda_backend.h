@@ -4,8 +4,10 @@
 // (the GEMMs, also inside the LM-head loss) goes to the cpu backend instead, in f32, with a
 // bf16 result rounded once as cuBLASLt's is. Native attention only (no cuDNN). The ops' fronts
 // check their contracts as on every backend (kernels/op_contracts.h); the real backend's dtype
-// checks it leaves out, since the op tests give it valid dtypes. Slow (one std::thread per GPU
-// thread): for small shapes in tests.
+// checks it leaves out, since the op tests give it valid dtypes. Its profiler times phases on a
+// device timeline as the real backend's does, with the emulated device busy while an operation
+// runs (docs/profiling.md, "Device time"). Slow (one std::thread per GPU thread): for small
+// shapes in tests.
 #pragma once
 
 #include <memory>

@@ -408,6 +408,7 @@ TEST_F(CudaOps, TraceHasTheDeviceStreamsSpans) {
   Pair a = make({n, n}, random_values(n * n, 1));
   Pair c = make({n, n}, random_values(n * n, 2));
   Profiler& profiler = gpu_->profiler();
+  profiler.set_device_timing(true);
   profiler.set_trace(true);
   profiler.reset_origin();
   {

@@ -2,18 +2,24 @@
 // the phases of every step add up to the step, every all-to-all moves the bytes the layout
 // says, the trace is valid Chrome trace-event JSON whose spans nest and whose step spans match
 // the metrics, and the verdict names what bounds three runs built to be bound by
-// communication, compute and memory.
+// communication, compute and memory. Device time without a GPU: a fake device timeline with
+// known spans drives the totals, the metrics, the table and the verdict (launch-bound, native
+// attention and collectives cases).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "core/step_report.h"
 #include "core/trace_file.h"
 #include "kernels/profiler.h"
+#include "parallel/comm.h"
 #include "tests/testing.h"
 
 namespace ulysses {
@@ -154,37 +160,57 @@ TEST(Profiling, VerdictSaysMemoryWhenThePeakIsNearTheLimit) {
   EXPECT_MENTIONS(tight.output, "verdict: memory-bound: peak tracked memory is 9");
 }
 
-// A device timeline that records what the profiler tells it, and returns one span per closed
-// phase with made-up device times, so the wiring is checked without a GPU.
+double seconds_between(DeviceTimeline::Clock::time_point from,
+                       DeviceTimeline::Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// A device timeline that records what the profiler tells it, and hands back one span per
+// closed phase where the host issued its marks (an idle device), so the wiring is checked
+// without a GPU.
 class RecordingTimeline final : public DeviceTimeline {
  public:
-  void reset_origin() override { calls.push_back("origin"); }
-  void open(const char* phase) override {
+  void open(const char* phase, Clock::time_point issued) override {
     calls.push_back(std::string("open ") + phase);
-    open_.push_back(phase);
+    open_.push_back({phase, open_.empty() ? nullptr : open_.back().name, issued});
   }
-  void close() override {
-    calls.push_back("close " + open_.back());
-    TraceSpan span;
-    span.name = open_.back();
-    span.begin_us = double(closed_.size());
-    span.track = Profiler::kDeviceTrack;
-    closed_.push_back(span);
+  void close(Clock::time_point issued) override {
+    calls.push_back(std::string("close ") + open_.back().name);
+    closed_.push_back({open_.back(), issued});
     open_.pop_back();
   }
-  std::vector<TraceSpan> take() override { return std::exchange(closed_, {}); }
+  DeviceRecord take(Clock::time_point origin) override {
+    DeviceRecord record;
+    for (const auto& [open, end] : closed_)
+      record.spans.push_back({open.name, open.parent, Profiler::kDeviceTrack,
+                              seconds_between(origin, open.begin), seconds_between(origin, end),
+                              0});
+    closed_.clear();
+    return record;
+  }
   std::vector<std::string> calls;
 
  private:
-  std::vector<std::string> open_;
-  std::vector<TraceSpan> closed_;
+  struct Open {
+    const char* name;
+    const char* parent;
+    Clock::time_point begin;
+  };
+  std::vector<Open> open_;
+  std::vector<std::pair<Open, Clock::time_point>> closed_;
 };
 
-TEST(Profiling, DeviceTimelineSeesEveryTracedPhaseAndItsSpansJoinTheTrace) {
+TEST(Profiling, DeviceTimelineSeesEveryOpenedPhaseAndItsSpansJoinTheTrace) {
   Profiler profiler;
   RecordingTimeline timeline;
   profiler.set_device_timeline(&timeline);
+  { Profiler::Scope off(profiler, "before device timing"); }
+  EXPECT_TRUE(timeline.calls.empty()) << "device timing is off until it is turned on";
+  profiler.set_device_timing(true);
   { Profiler::Scope untraced(profiler, "before tracing"); }
+  const ProfileTotals before = profiler.take_totals();
+  EXPECT_TRUE(before.device_timed);
+  EXPECT_EQ(before.phases.at("before tracing").count, 1);
   profiler.set_trace(true);
   profiler.reset_origin();
   {
@@ -194,18 +220,25 @@ TEST(Profiling, DeviceTimelineSeesEveryTracedPhaseAndItsSpansJoinTheTrace) {
   {
     Profiler::Scope recompute(profiler, "recompute", Profiler::Kind::absorbing);
     Profiler::Scope absorbed(profiler, "mlp");  // its time is recompute's: not opened
+    Profiler::Scope wait(profiler, "wait", Profiler::Kind::communication);  // opened
   }
-  const std::vector<std::string> expected = {"origin",          "open forward",  "open attention",
-                                             "close attention", "close forward", "open recompute",
-                                             "close recompute"};
+  const std::vector<std::string> expected = {
+      "open before tracing", "close before tracing", "open forward",   "open attention",
+      "close attention",     "close forward",        "open recompute", "open wait",
+      "close wait",          "close recompute"};
   EXPECT_EQ(timeline.calls, expected);
 
   const std::vector<TraceSpan> spans = profiler.take_trace();
   std::vector<std::string> device_names;
   for (const TraceSpan& span : spans)
     if (span.track == Profiler::kDeviceTrack) device_names.push_back(span.name);
-  EXPECT_EQ(device_names, (std::vector<std::string>{"attention", "forward", "recompute"}));
-  EXPECT_EQ(spans.size(), 6u);  // the same three on the compute track
+  EXPECT_EQ(device_names, (std::vector<std::string>{"attention", "forward", "wait", "recompute"}));
+  EXPECT_EQ(spans.size(), 8u);  // the same four on the compute track
+  // The absorbed phase is nowhere; the device's seconds are self time, as the host's.
+  const ProfileTotals totals = profiler.take_totals();
+  EXPECT_EQ(totals.phases.count("mlp"), 0u);
+  for (const char* name : {"forward", "attention", "recompute", "wait"})
+    EXPECT_NEAR(totals.phases.at(name).seconds, totals.phases.at(name).host_seconds, 1e-9) << name;
 
   std::vector<TraceSpan> host_spans;
   for (const TraceSpan& span : spans)
@@ -221,7 +254,8 @@ TEST(Profiling, DeviceTimelineSeesEveryTracedPhaseAndItsSpansJoinTheTrace) {
   };
   EXPECT_TRUE(names_device_track(with_device, Profiler::kDeviceTrack, "device stream"));
   EXPECT_FALSE(names_device_track(without_device, Profiler::kDeviceTrack, "device stream"));
-  // A device communicator's collectives get their own named track, only when present.
+  // A device communicator's collectives and the offload copies get their own named tracks,
+  // only when present.
   EXPECT_FALSE(
       names_device_track(with_device, Profiler::kDeviceCollectiveTrack, "collectives stream"));
   TraceSpan collective;
@@ -229,11 +263,234 @@ TEST(Profiling, DeviceTimelineSeesEveryTracedPhaseAndItsSpansJoinTheTrace) {
   collective.track = Profiler::kDeviceCollectiveTrack;
   collective.bytes = 4096;
   host_spans.push_back(collective);
-  const json with_collective = json::parse("[" + trace_events_json(host_spans, 0) + "]");
+  TraceSpan copy = collective;
+  copy.name = "offload copy";
+  copy.track = Profiler::kDeviceTransferTrack;
+  host_spans.push_back(copy);
+  const json with_streams = json::parse("[" + trace_events_json(host_spans, 0) + "]");
   EXPECT_TRUE(
-      names_device_track(with_collective, Profiler::kDeviceCollectiveTrack, "collectives stream"));
-  EXPECT_FALSE(names_device_track(with_collective, Profiler::kDeviceTrack, "device stream"));
+      names_device_track(with_streams, Profiler::kDeviceCollectiveTrack, "collectives stream"));
+  EXPECT_TRUE(names_device_track(with_streams, Profiler::kDeviceTransferTrack, "transfer stream"));
+  EXPECT_FALSE(names_device_track(with_streams, Profiler::kDeviceTrack, "device stream"));
   profiler.set_device_timeline(nullptr);
+}
+
+TEST(Profiling, DeviceTimingOffTimesOnTheHostAndRecordsNothingOnTheDevice) {
+  Profiler profiler;
+  RecordingTimeline timeline;
+  profiler.set_device_timeline(&timeline);
+  profiler.set_device_timing(true);
+  EXPECT_TRUE(profiler.device_timing());
+  profiler.set_device_timing(false);
+  EXPECT_FALSE(profiler.device_timing());
+  { Profiler::Scope phase(profiler, "mlp"); }
+  EXPECT_TRUE(timeline.calls.empty());
+  const ProfileTotals totals = profiler.take_totals();
+  EXPECT_FALSE(totals.device_timed);
+  EXPECT_EQ(totals.phases.at("mlp").seconds, totals.phases.at("mlp").host_seconds);
+  profiler.set_device_timeline(nullptr);
+}
+
+// A device with known spans: what take hands back is what the test sets.
+class FakeTimeline final : public DeviceTimeline {
+ public:
+  void open(const char*, Clock::time_point) override {}
+  void close(Clock::time_point) override {}
+  DeviceRecord take(Clock::time_point) override { return std::exchange(next, {}); }
+  DeviceRecord next;
+};
+
+DeviceSpan device_span(const char* name, const char* parent, double begin, double end,
+                       int track = Profiler::kDeviceTrack, int64_t bytes = 0) {
+  DeviceSpan span;
+  span.name = name;
+  span.parent = parent;
+  span.track = track;
+  span.begin = begin;
+  span.end = end;
+  span.bytes = bytes;
+  return span;
+}
+
+// One step of a profiler whose device timeline hands back `record`; `host_ms` is how long the
+// host spends in each of the listed phases (nested in the step).
+ProfileTotals fake_step(DeviceRecord record,
+                        const std::vector<std::pair<const char*, int>>& host_ms) {
+  Profiler profiler;
+  FakeTimeline timeline;
+  profiler.set_device_timeline(&timeline);
+  profiler.set_device_timing(true);
+  {
+    Profiler::Scope step(profiler, phase::kStep);
+    for (const auto& [name, ms] : host_ms) {
+      Profiler::Scope phase(profiler, name);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
+  }
+  timeline.next = std::move(record);
+  ProfileTotals totals = profiler.take_totals();
+  profiler.set_device_timeline(nullptr);
+  return totals;
+}
+
+TEST(Profiling, DeviceSecondsAreSelfTimeOfTheSpansAndBusyTimeIsTheirQueuedPart) {
+  DeviceRecord record;
+  record.spans = {
+      device_span("mlp", "step", 0.010, 0.040),
+      device_span("all-to-all wait", "recompute", 0.050, 0.060),
+      device_span("recompute", "step", 0.045, 0.080), device_span("step", nullptr, 0.0, 0.100),
+      device_span("all_to_all", nullptr, 0.050, 0.058, Profiler::kDeviceCollectiveTrack, 8000000)};
+  // Overlapping and out of order: the union is [0, 0.055] and [0.090, 0.095].
+  record.busy = {{0.020, 0.055}, {0.0, 0.030}, {0.090, 0.095}};
+  record.launches = 42;
+  const ProfileTotals totals = fake_step(record, {{"mlp", 0}});
+  EXPECT_TRUE(totals.device_timed);
+  EXPECT_NEAR(totals.device_busy_seconds, 0.060, 1e-12);
+  EXPECT_EQ(totals.launches, 42);
+  const auto& phases = totals.phases;
+  EXPECT_NEAR(phases.at("mlp").seconds, 0.030, 1e-12);
+  EXPECT_NEAR(phases.at("all-to-all wait").seconds, 0.010, 1e-12);
+  EXPECT_NEAR(phases.at("recompute").seconds, 0.035 - 0.010, 1e-12);
+  EXPECT_NEAR(phases.at(phase::kStep).seconds, 0.100 - 0.030 - 0.035, 1e-12);
+  EXPECT_NEAR(phases.at("mlp").busy_seconds, 0.030, 1e-12);
+  EXPECT_NEAR(phases.at("all-to-all wait").busy_seconds, 0.005, 1e-12);
+  EXPECT_NEAR(phases.at("recompute").busy_seconds, 0.010 - 0.005, 1e-12);
+  EXPECT_NEAR(phases.at(phase::kStep).busy_seconds, 0.060 - 0.030 - 0.010, 1e-12);
+  EXPECT_NEAR(phases.at(phase::kCollectivesStream).seconds, 0.008, 1e-12);
+  EXPECT_EQ(phases.at(phase::kCollectivesStream).bytes, 8000000);
+  // The host's own seconds are kept apart: the phases the host opened have them.
+  EXPECT_GT(phases.at(phase::kStep).host_seconds, 0.0);
+  EXPECT_EQ(phases.at("mlp").count, 1);
+
+  const json metrics = phases_json(totals);
+  EXPECT_NEAR(metrics["other"]["s"].get<double>(), 0.035, 1e-12);
+  EXPECT_EQ(metrics["other"]["host_s"].get<double>(), phases.at(phase::kStep).host_seconds);
+  EXPECT_NEAR(metrics["mlp"]["busy_s"].get<double>(), 0.030, 1e-12);
+  EXPECT_EQ(metrics["collectives stream"]["bytes"].get<int64_t>(), 8000000);
+}
+
+TEST(Profiling, WithoutADeviceSecondsAreTheHostsAndTheMetricsSaySoTwice) {
+  Profiler profiler;
+  {
+    Profiler::Scope step(profiler, phase::kStep);
+    Profiler::Scope mlp(profiler, "mlp");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const ProfileTotals totals = profiler.take_totals();
+  EXPECT_FALSE(totals.device_timed);
+  const json metrics = phases_json(totals);
+  for (const char* name : {"mlp", "other"}) {
+    EXPECT_EQ(metrics[name]["s"], metrics[name]["host_s"]) << name;
+    EXPECT_FALSE(metrics[name].contains("busy_s")) << name;
+  }
+  EXPECT_GE(metrics["mlp"]["s"].get<double>(), 0.002);
+}
+
+// The table and the verdict of one step over a one-rank world, as the trainer makes them.
+struct Report {
+  std::string table;
+  Verdict verdict;
+};
+
+Report report(const ProfileTotals& totals, double step_seconds, const VerdictContext& context) {
+  auto world = make_local_comm();
+  RunProfile profile;
+  profile.add_step(totals, step_seconds);
+  return {profile.table(*world),
+          judge(profile.mean_over_ranks(*world), step_seconds, profile.steps(), context)};
+}
+
+TEST(Profiling, VerdictSaysLaunchBoundWhenTheDeviceIsIdleAndNamesTheHostHeavyPhases) {
+  // 100 ms of step; the device had work queued 20 ms of it, 5 of them in the mlp, 1 in the
+  // qkv projection, while the host spent at least 50 and 5 ms there (far apart, so that a
+  // sleep that overruns on a loaded machine does not swap them).
+  DeviceRecord record;
+  record.spans = {device_span("qkv projection", "step", 0.000, 0.040),
+                  device_span("mlp", "step", 0.040, 0.090),
+                  device_span("step", nullptr, 0.0, 0.100)};
+  record.busy = {{0.039, 0.040}, {0.085, 0.090}, {0.090, 0.104}};
+  record.launches = 500;
+  const ProfileTotals totals = fake_step(record, {{"qkv projection", 5}, {"mlp", 50}});
+  VerdictContext context;
+  context.native_attention = true;
+  const Report result = report(totals, 0.100, context);
+  EXPECT_EQ(result.verdict.kind, "launch-bound") << result.verdict.line;
+  EXPECT_MENTIONS(result.verdict.line, "work queued for only 20% of the step");
+  EXPECT_MENTIONS(result.verdict.line, "500 launches per step, 200.0 us of the step per launch");
+  const size_t mlp = result.verdict.line.find("mlp (host ");
+  const size_t qkv = result.verdict.line.find("qkv projection (host ");
+  ASSERT_NE(mlp, std::string::npos) << result.verdict.line;
+  ASSERT_NE(qkv, std::string::npos) << result.verdict.line;
+  EXPECT_LT(mlp, qkv) << "the host's 50 ms in the mlp exceed the device's 5 the most: "
+                      << result.verdict.line;
+  EXPECT_MENTIONS(result.verdict.line, "device busy 5.00 ms per step");
+  EXPECT_EQ(result.verdict.line.find("more threads per rank"), std::string::npos);
+  // The table: device time with the host's beside it, the busy share and the launches.
+  EXPECT_MENTIONS(result.table, "where the step time went (device time; mean over 1 ranks");
+  EXPECT_MENTIONS(result.table, "host ms/step");
+  EXPECT_MENTIONS(result.table, "device busy (work queued) 20% of the step; 500 launches per step");
+  EXPECT_NE(result.table.find("  mlp                             50.00     50%"), std::string::npos)
+      << result.table;
+}
+
+TEST(Profiling, VerdictOnADeviceBusyWithNativeAttentionAdvisesCudnn) {
+  DeviceRecord record;
+  record.spans = {device_span("attention forward", "step", 0.000, 0.030),
+                  device_span("attention backward", "step", 0.030, 0.070),
+                  device_span("mlp", "step", 0.070, 0.090),
+                  device_span("step", nullptr, 0.0, 0.100)};
+  record.busy = {{0.0, 0.098}};
+  record.launches = 80;
+  const ProfileTotals totals =
+      fake_step(record, {{"attention forward", 0}, {"attention backward", 0}, {"mlp", 0}});
+  VerdictContext context;
+  context.native_attention = true;
+  const Report native = report(totals, 0.100, context);
+  EXPECT_EQ(native.verdict.kind, "compute-bound") << native.verdict.line;
+  EXPECT_MENTIONS(native.verdict.line, "the largest is attention backward at 40%");
+  EXPECT_MENTIONS(native.verdict.line, "Attention is 70% of the device's step");
+  EXPECT_MENTIONS(native.verdict.line, "kernels.attention: cudnn");
+  EXPECT_EQ(native.verdict.line.find("more threads per rank"), std::string::npos);
+  EXPECT_MENTIONS(native.table, "device busy (work queued) 98% of the step; 80 launches per step");
+  context.native_attention = false;  // already cuDNN's
+  const Report cudnn = report(totals, 0.100, context);
+  EXPECT_EQ(cudnn.verdict.kind, "compute-bound");
+  EXPECT_EQ(cudnn.verdict.line.find("kernels.attention"), std::string::npos);
+  EXPECT_MENTIONS(cudnn.verdict.line, "more sp ranks");
+  EXPECT_EQ(cudnn.verdict.line.find("more threads per rank"), std::string::npos);
+}
+
+TEST(Profiling, VerdictOnADeviceWaitingForCollectivesGivesTheirBytesAndBandwidth) {
+  // 60 ms of 100 waiting for the all-to-alls; the collectives stream moved 50 MB in 20 ms.
+  DeviceRecord record;
+  record.spans = {
+      device_span("all-to-all wait", "step", 0.010, 0.070),
+      device_span("mlp", "step", 0.070, 0.095), device_span("step", nullptr, 0.0, 0.100),
+      device_span("all_to_all", nullptr, 0.040, 0.060, Profiler::kDeviceCollectiveTrack, 50000000)};
+  record.busy = {{0.0, 0.100}};
+  record.launches = 120;
+  const ProfileTotals totals = fake_step(record, {{"all-to-all wait", 0}, {"mlp", 0}});
+  VerdictContext context;
+  context.ranks_on_node = 4;  // more ranks than cores: a cpu backend's trouble, not a device's
+  context.cores_on_node = 2;
+  const Report result = report(totals, 0.100, context);
+  EXPECT_EQ(result.verdict.kind, "communication-bound") << result.verdict.line;
+  EXPECT_MENTIONS(result.verdict.line, "waiting on other ranks is 60% of the step");
+  EXPECT_MENTIONS(result.verdict.line,
+                  "on the device the collectives moved 50.0 MB per step in 20.00 ms, 2.50 GB/s");
+  EXPECT_EQ(result.verdict.line.find("ranks share"), std::string::npos);
+  EXPECT_MENTIONS(result.table, "collectives stream (beside)");
+}
+
+TEST(Profiling, VerdictOnTheCpuStillAdvisesThreads) {
+  ProfileTotals totals;
+  totals.phases["mlp"].seconds = totals.phases["mlp"].host_seconds = 0.090;
+  totals.phases[phase::kStep].seconds = totals.phases[phase::kStep].host_seconds = 0.010;
+  const Report result = report(totals, 0.100, VerdictContext());
+  EXPECT_EQ(result.verdict.kind, "compute-bound");
+  EXPECT_MENTIONS(result.verdict.line, "more threads per rank");
+  EXPECT_EQ(result.table.find("host ms/step"), std::string::npos) << result.table;
+  EXPECT_EQ(result.table.find("device busy"), std::string::npos) << result.table;
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ void CudaBackend::embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe
           dwpe.f32(), g, n / seq_len, seq_len, width, pos_offset);
     }
   });
-  check_launch(op);
+  check_launch(op, with_positions ? 2 : 1);
 }
 
 // ---- RoPE --------------------------------------------------------------------------------

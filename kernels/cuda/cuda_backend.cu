@@ -115,9 +115,9 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKernel
                              cublasLtGetStatusString(lt_status));
   }
   gemm_workspace_ = cublaslt_workspace(*this);
-  transfers_ = std::make_unique<CudaTransfers>(stream_);
   timeline_ = std::make_unique<CudaTimeline>(stream_);
   profiler().set_device_timeline(timeline_.get());
+  transfers_ = std::make_unique<CudaTransfers>(stream_, *timeline_, profiler());
 #ifdef ULYSSES_WITH_CUDNN
   if (attention == AttentionKernel::cudnn)
     cudnn_attention_ = std::make_unique<CudnnAttention>(*this, stream_);
@@ -134,8 +134,8 @@ CudaBackend::~CudaBackend() {
     cublasLtMatmulDescDestroy(plan.desc);
   }
   profiler().set_device_timeline(nullptr);
-  timeline_.reset();
   transfers_.reset();
+  timeline_.reset();
   gemm_workspace_.reset();
   cudnn_attention_.reset();
   cudaStreamSynchronize(stream_);
@@ -203,6 +203,7 @@ void CudaBackend::wait_transfer(int64_t ticket) {
 
 void CudaBackend::upload_impl(const Tensor& dst, const void* host_src) {
   if (dst.bytes() == 0) return;
+  cuda::count_enqueued();
   check_cuda(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, stream_),
              "upload (cudaMemcpyAsync)");
   // The caller may reuse its host memory as soon as this returns.
@@ -211,6 +212,7 @@ void CudaBackend::upload_impl(const Tensor& dst, const void* host_src) {
 
 void CudaBackend::download_impl(void* host_dst, const Tensor& src) {
   if (src.bytes() == 0) return;
+  cuda::count_enqueued();
   check_cuda(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_),
              "download (cudaMemcpyAsync)");
   check_cuda(cudaStreamSynchronize(stream_), "download (synchronize)");
@@ -218,12 +220,14 @@ void CudaBackend::download_impl(void* host_dst, const Tensor& src) {
 
 void CudaBackend::copy_impl(const Tensor& dst, const Tensor& src) {
   if (dst.bytes() == 0 || dst.data == src.data) return;
+  cuda::count_enqueued();
   check_cuda(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_),
              "copy (cudaMemcpyAsync)");
 }
 
 void CudaBackend::fill_zero_impl(const Tensor& dst) {
   if (dst.bytes() == 0) return;
+  cuda::count_enqueued();
   check_cuda(cudaMemsetAsync(dst.data, 0, dst.bytes(), stream_), "fill_zero (cudaMemsetAsync)");
 }
 
@@ -231,6 +235,7 @@ void CudaBackend::copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, in
                                int64_t row_bytes, int64_t rows) {
   if (row_bytes == 0 || rows == 0) return;
   if (rows == 1) {
+    cuda::count_enqueued();
     check_cuda(cudaMemcpyAsync(dst, src, size_t(row_bytes), cudaMemcpyDeviceToDevice, stream_),
                "copy_2d (cudaMemcpyAsync)");
     return;
@@ -238,6 +243,7 @@ void CudaBackend::copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, in
   if (std::max(dst_pitch, src_pitch) > max_copy_pitch_) {
     // Pitches of full-sequence rows (Ulysses at millions of tokens) pass the 2-D copy's limit;
     // rows are few there (the batch), so one copy each.
+    cuda::count_enqueued(int(rows));
     for (int64_t row = 0; row < rows; ++row)
       check_cuda(cudaMemcpyAsync(static_cast<char*>(dst) + row * dst_pitch,
                                  static_cast<const char*>(src) + row * src_pitch, size_t(row_bytes),
@@ -245,6 +251,7 @@ void CudaBackend::copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, in
                  "copy_2d (cudaMemcpyAsync per row)");
     return;
   }
+  cuda::count_enqueued();
   check_cuda(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(row_bytes),
                                size_t(rows), cudaMemcpyDeviceToDevice, stream_),
              "copy_2d (cudaMemcpy2DAsync)");
@@ -323,6 +330,7 @@ double CudaBackend::sum_squares_impl(const Tensor& x) {
                              static_cast<const T*>(x.data), n);
   });
   double total = 0.0;
+  cuda::count_enqueued();
   check_cuda(cudaMemcpyAsync(&total, partial_data + blocks, sizeof(double), cudaMemcpyDeviceToHost,
                              stream_),
              "sum_squares (cudaMemcpyAsync)");

@@ -26,8 +26,9 @@ void* cuda_backend_stream(Backend& backend);
 // The CUDA device ordinal a CUDA backend uses; throws std::invalid_argument for others.
 int cuda_backend_device(Backend& backend);
 
-// The trace timeline of a CUDA backend (kernels/cuda/cuda_timeline.cuh), where a device
-// communicator adds its collectives while the profiler traces; throws for other backends.
+// The device timeline of a CUDA backend (kernels/cuda/cuda_timeline.cuh), to which a device
+// communicator hands its collectives while the profiler times the device; throws for other
+// backends.
 CudaTimeline& cuda_backend_timeline(Backend& backend);
 
 // GPUs this process can see (0 when CUDA reports an error).

@@ -119,7 +119,7 @@ class CudaBackend final : public Backend {
   Buffer gemm_workspace_;
   std::map<GemmKey, GemmPlan> gemm_plans_;
   std::unique_ptr<CudnnAttention> cudnn_attention_;  // kernels.attention: cudnn only
-  std::unique_ptr<CudaTimeline> timeline_;           // the trace's device track
+  std::unique_ptr<CudaTimeline> timeline_;           // the profiler's device time
   std::unique_ptr<CudaTransfers> transfers_;         // memory.offload_checkpoints
 };
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_device.cuh"
+#include "kernels/cuda/cuda_enqueued.h"
 #include "kernels/tensor.h"
 
 namespace ulysses::cuda {
@@ -21,8 +22,10 @@ inline void check_cuda(cudaError_t status, const char* what) {
                              " (" + cudaGetErrorString(status) + ")");
 }
 
-// After a kernel launch: reports bad launch configurations at the op that caused them.
-inline void check_launch(const char* op) {
+// After `launches` kernel launches: counts them, and reports bad launch configurations at the
+// op that caused them.
+inline void check_launch(const char* op, int launches = 1) {
+  count_enqueued(launches);
   check_cuda(cudaGetLastError(), op);
 }
 

@@ -123,6 +123,7 @@ void CudaBackend::gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool
   const GemmKey key{int(a.dtype), int(c.dtype), alignment, trans_a, trans_b, m, n, k,
                     a.shape[1],   b.shape[1]};
   const GemmPlan& plan = gemm_plan(key);
+  cuda::count_enqueued();
   check_cublas(cublasLtMatmul(lt_, plan.desc, &alpha, b.data, plan.a, a.data, plan.b, &beta, c.data,
                               plan.c, c.data, plan.c, &plan.algo, gemm_workspace_.tensor().data,
                               gemm_workspace_.bytes(), stream_),

@@ -72,7 +72,7 @@ void CudaBackend::rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight,
         static_cast<T*>(dx.data), static_cast<const T*>(dout.data), static_cast<const T*>(x.data),
         static_cast<const T*>(weight.data), rstd.f32(), width);
   });
-  check_launch(op);
+  check_launch(op, 2);
   reduce_columns(dweight.f32(), parts.f32(), chunks.chunks, width);
 }
 
@@ -139,7 +139,7 @@ void CudaBackend::layernorm_backward_impl(const Tensor& dx, const Tensor& dweigh
         static_cast<T*>(dx.data), g, in, static_cast<const T*>(weight.data), mean.f32(), rstd.f32(),
         width);
   });
-  check_launch(op);
+  check_launch(op, 3);
   reduce_columns(dweight.f32(), weight_parts, chunks.chunks, width);
   reduce_columns(dbias.f32(), bias_parts, chunks.chunks, width);
 }

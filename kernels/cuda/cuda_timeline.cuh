@@ -1,12 +1,14 @@
-// The device tracks of a trace (docs/profiling.md): the phases as the backend's stream ran
-// them, timed by CUDA events recorded on the stream where the host opens and closes each
-// phase, and the collectives as a device communicator's stream ran them.
+// The device timeline of the CUDA backend (docs/profiling.md, "Device time"): a CUDA event is
+// recorded on the backend's stream where the host opens and closes each phase, and the spans
+// that other streams ran (NCCL's, the offload copies') are handed over as pairs of events
+// recorded there. Once per step, after the step's synchronisation, take reads them back and
+// places them on the host's clock. Events come from a pool, so a step creates none once the
+// pool has grown to a step's worth.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "kernels/profiler.h"
@@ -20,30 +22,38 @@ class CudaTimeline final : public DeviceTimeline {
   CudaTimeline(const CudaTimeline&) = delete;
   CudaTimeline& operator=(const CudaTimeline&) = delete;
 
-  void reset_origin() override;
-  void open(const char* phase) override;
-  // Called from a phase's destructor: it never throws; a failed record shows up in take.
-  void close() override;
-  std::vector<TraceSpan> take() override;
+  void open(const char* phase, Clock::time_point issued) override;
+  void close(Clock::time_point issued) override;
+  DeviceRecord take(Clock::time_point origin) override;
 
-  // A collective as another stream ran it, between two events (created with timing) that
-  // were recorded there; the timeline owns them from here on.
-  void add_collective(const char* name, cudaEvent_t begin, cudaEvent_t end, int64_t bytes);
+  // An event created with timing, for another stream's span; it comes back through add_span.
+  cudaEvent_t acquire_event();
+  // A span that another stream ran between two events from acquire_event recorded there
+  // (track: Profiler::kDeviceCollectiveTrack or kDeviceTransferTrack); take waits for its
+  // end. The timeline owns both events from here on.
+  void add_span(int track, const char* name, cudaEvent_t begin, cudaEvent_t end, int64_t bytes);
 
  private:
+  struct Mark {
+    cudaEvent_t event = nullptr;
+    Clock::time_point issued;  // when the host recorded it; unused on the other streams
+  };
   struct Span {
     const char* name;
-    cudaEvent_t begin, end;
+    const char* parent;
     int track;
+    Mark begin, end;
     int64_t bytes;
   };
-  cudaEvent_t reuse_or_create_event();
+  // Seconds since origin at which the device reached the event, as if the anchor (recorded
+  // at anchor_issued and waited for) had been reached when it was issued.
+  double reached(cudaEvent_t event, cudaEvent_t anchor, double anchor_issued) const;
 
   cudaStream_t stream_;
-  cudaEvent_t origin_ = nullptr;  // recorded where the profiler's origin is
-  std::vector<Span> open_;        // innermost last; their end is not recorded yet
+  std::vector<Span> open_;  // innermost last; their end is not recorded yet
   std::vector<Span> closed_;
   std::vector<cudaEvent_t> free_events_;
+  int64_t enqueued_at_take_ = 0;  // the process's enqueued operations at the last take
 };
 
 }  // namespace ulysses

@@ -1,11 +1,13 @@
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_timeline.cuh"
 #include "kernels/cuda/cuda_transfers.cuh"
 
 namespace ulysses {
 
 using cuda::check_cuda;
 
-CudaTransfers::CudaTransfers(cudaStream_t compute) : compute_(compute) {
+CudaTransfers::CudaTransfers(cudaStream_t compute, CudaTimeline& timeline, const Profiler& profiler)
+    : compute_(compute), timeline_(timeline), profiler_(profiler) {
   check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking),
              "cudaStreamCreate (offload transfers)");
 }
@@ -26,8 +28,19 @@ int64_t CudaTransfers::copy(void* dst, const void* src, size_t bytes) {
   if (status == cudaSuccess) status = cudaStreamWaitEvent(side_, reached, 0);
   cudaEventDestroy(reached);  // released once the wait is satisfied
   check_cuda(status, "ordering an offload copy after the compute stream");
+  const bool timed = profiler_.device_timing();
+  cudaEvent_t begin = nullptr, end = nullptr;
+  if (timed) {
+    begin = timeline_.acquire_event();
+    end = timeline_.acquire_event();
+    // Handed over at once, so that the timeline owns them whatever fails below.
+    timeline_.add_span(Profiler::kDeviceTransferTrack, "offload copy", begin, end, int64_t(bytes));
+    check_cuda(cudaEventRecord(begin, side_), "cudaEventRecord (offload transfer)");
+  }
+  cuda::count_enqueued();
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, side_),
              "cudaMemcpyAsync (offload transfer)");
+  if (timed) check_cuda(cudaEventRecord(end, side_), "cudaEventRecord (offload transfer)");
   cudaEvent_t done = nullptr;
   check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
   status = cudaEventRecord(done, side_);

@@ -2,6 +2,8 @@
 // beside the compute (memory.offload_checkpoints, docs/memory.md). Each copy starts once the
 // compute stream has reached the point where it was issued, and the compute stream waits for
 // it only where wait() is called: the copies of one layer overlap the compute of the next.
+// While the profiler times the device, each copy is a span of the transfer stream's row
+// (docs/profiling.md, "Device time").
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,9 +14,13 @@
 
 namespace ulysses {
 
+class CudaTimeline;
+class Profiler;
+
 class CudaTransfers {
  public:
-  explicit CudaTransfers(cudaStream_t compute);
+  // The timeline and the profiler are the backend's; they outlive this.
+  CudaTransfers(cudaStream_t compute, CudaTimeline& timeline, const Profiler& profiler);
   ~CudaTransfers();
   CudaTransfers(const CudaTransfers&) = delete;
   CudaTransfers& operator=(const CudaTransfers&) = delete;
@@ -31,6 +37,8 @@ class CudaTransfers {
     cudaEvent_t done;
   };
   cudaStream_t compute_;
+  CudaTimeline& timeline_;
+  const Profiler& profiler_;
   cudaStream_t side_ = nullptr;
   std::deque<Pending> pending_;  // oldest first
   int64_t issued_ = 0;

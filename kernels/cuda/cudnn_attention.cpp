@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/cuda_enqueued.h"
 #include "kernels/cuda/cudnn_attention_graphs.h"
 #include "kernels/cuda/cudnn_graph.h"
 #include "kernels/op_scratch.h"
@@ -105,6 +106,7 @@ void CudnnAttention::forward(const Tensor& out, const Tensor& lse, const Tensor&
   float scale = float(1.0 / std::sqrt(double(dims.dim)));
   float negative_infinity = -std::numeric_limits<float>::infinity();
   Buffer workspace = cudnn_workspace(backend_, plan.workspace_bytes, "cuDNN attention forward");
+  cuda::count_enqueued();
   cudnn::execute(graphs_->handle, plan.plan, {kQ, kK, kV, kO, kStats, kScale, kNegativeInfinity},
                  {q.data, k.data, v.data, out.data, lse.data, &scale, &negative_infinity},
                  workspace.tensor().data, "kernels.attention: cudnn forward");
@@ -181,6 +183,7 @@ void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     uids.push_back(kDQAccum);
     pointers.push_back(dq_accum.tensor().data);
   }
+  cuda::count_enqueued();
   cudnn::execute(graphs_->handle, plan.plan, uids, pointers, workspace.tensor().data,
                  "kernels.attention: cudnn backward");
 }
