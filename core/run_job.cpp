@@ -15,6 +15,7 @@
 #include "core/memory_plan.h"
 #include "core/metrics.h"
 #include "core/trainer.h"
+#include "kernels/stopwatch.h"
 #include "parallel/mesh.h"
 #include "parallel/watchdog.h"
 
@@ -67,6 +68,7 @@ void check_metrics_file(Comm& world, const std::string& path) {
 
 void run_job(const JobOptions& options, Comm& world) {
   // --dry-run plans without a backend, so device: cuda is planned on any machine.
+  const Stopwatch clock;
   JobSession job = open_job(options.config_path, options.overrides, options.resume.value_or(""),
                             world, !options.dry_run);
   const Config& config = job.config;
@@ -82,6 +84,8 @@ void run_job(const JobOptions& options, Comm& world) {
         ulysses_version(), name_of(config.model.family), world.size(), mesh.dp_size, mesh.sp_size,
         world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
         job.progress_thread ? "a progress thread per rank" : "no progress thread");
+  if (world.rank() == 0)
+    spdlog::info("startup: config, backend and communicators ready in {:.2f} s", clock.seconds());
   const std::string setup_warning = job.backend->setup_warning();
   if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
   const std::string resume_folder =
@@ -90,12 +94,16 @@ void run_job(const JobOptions& options, Comm& world) {
   prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
   check_metrics_file(world, config.log.metrics_file);
   Trainer trainer(config, *job.backend, mesh);
+  const Stopwatch loading;
   if (resume_folder.empty()) {
     Watchdog::SlowWork slow(job.watchdog.get(), "loading model.init_from");
     trainer.load_initial_weights();
   } else {
     trainer.resume(resume_folder);
   }
+  if (world.rank() == 0 && (!resume_folder.empty() || !config.model.init_from.empty()))
+    spdlog::info("startup: {} loaded in {:.2f} s",
+                 resume_folder.empty() ? "model.init_from" : "the checkpoint", loading.seconds());
   if (world.rank() == 0)
     spdlog::info("{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}",
                  trainer.model().num_params(), config.train.seq_len,
