@@ -1,12 +1,15 @@
 #include "core/run_job.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <sstream>
+#include <string>
 
 #include "core/checkpoint.h"
 #include "core/config.h"
@@ -51,6 +54,22 @@ void print_plan(const Config& config, int world_size) {
             << "; more in ulysses-train plan --help\n";
 }
 
+// Seconds since this process started (Linux: /proc), or -1 where that is not known.
+double seconds_since_launch() {
+  std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
+  std::string text;
+  double up = -1.0;
+  if (!std::getline(stat, text) || !(uptime >> up)) return -1.0;
+  // Field 22, the start time in clock ticks after boot, counted after the ")" that ends the
+  // command name (which may hold spaces).
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  for (int number = 3; number < 22; ++number) fields >> field;
+  long long ticks = 0;
+  if (!(fields >> ticks)) return -1.0;
+  return up - double(ticks) / double(sysconf(_SC_CLK_TCK));
+}
+
 // The metrics file is written by rank 0 after every step: found unwritable now, before the
 // model is built, rather than after the first step's compute.
 void check_metrics_file(Comm& world, const std::string& path) {
@@ -85,7 +104,9 @@ void run_job(const JobOptions& options, Comm& world) {
         world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
         job.progress_thread ? "a progress thread per rank" : "no progress thread");
   if (world.rank() == 0)
-    spdlog::info("startup: config, backend and communicators ready in {:.2f} s", clock.seconds());
+    spdlog::info(
+        "startup: config, backend and communicators ready in {:.2f} s, {:.2f} s after launch",
+        clock.seconds(), seconds_since_launch());
   const std::string setup_warning = job.backend->setup_warning();
   if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
   const std::string resume_folder =

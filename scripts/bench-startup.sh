@@ -54,7 +54,7 @@ for line in job.stdout:
     if to_step is None and "step 1/" in line:
         to_step = now
     if "startup:" in line or "step 1 built" in line:
-        notes.append(line.rstrip().split("] ", 1)[-1])
+        notes.append(line.rstrip().split("] ", 1)[-1].removeprefix("info "))
 if job.wait() != 0 or to_params is None or to_step is None:
     print("bench-startup: the run failed:\n" + "\n".join(tail), file=sys.stderr)
     sys.exit(1)
