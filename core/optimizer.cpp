@@ -28,12 +28,10 @@ AdamW::AdamW(Backend& backend, const ParamTable& table, const TrainConfig& train
       table_(table),
       train_(train),
       segments_(layout.segments()),
-      m_(backend.alloc(MemCategory::optimizer, DType::f32, {layout.shard_numel()}, "adam m")),
-      v_(backend.alloc(MemCategory::optimizer, DType::f32, {layout.shard_numel()}, "adam v")) {
-  if (backend.memory().planning()) return;  // --dry-run: charged, never touched
-  backend.fill_zero(m_);
-  backend.fill_zero(v_);
-}
+      m_(backend.alloc_zeroed(MemCategory::optimizer, DType::f32, {layout.shard_numel()},
+                              "adam m")),
+      v_(backend.alloc_zeroed(MemCategory::optimizer, DType::f32, {layout.shard_numel()},
+                              "adam v")) {}
 
 void AdamW::update(const Tensor& master, const Tensor& gradient, float lr, float grad_scale,
                    int64_t step) {

@@ -2,9 +2,13 @@
 
 #include <omp.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
+#include <sstream>
+#include <string>
 
 #include "core/checkpoint.h"
 #include "core/config.h"
@@ -14,6 +18,7 @@
 #include "core/metrics.h"
 #include "core/start_checks.h"
 #include "core/trainer.h"
+#include "kernels/stopwatch.h"
 #include "parallel/mesh.h"
 #include "parallel/watchdog.h"
 
@@ -58,10 +63,27 @@ void print_plan(const Config& config, int world_size) {
               << (limit > 0 && stage.device_peak > limit ? ", ABOVE memory.limit_gib" : "") << "\n";
 }
 
+// Seconds since this process started (Linux: /proc), or -1 where that is not known.
+double seconds_since_launch() {
+  std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
+  std::string text;
+  double up = -1.0;
+  if (!std::getline(stat, text) || !(uptime >> up)) return -1.0;
+  // Field 22, the start time in clock ticks after boot, counted after the ")" that ends the
+  // command name (which may hold spaces).
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  for (int number = 3; number < 22; ++number) fields >> field;
+  long long ticks = 0;
+  if (!(fields >> ticks)) return -1.0;
+  return up - double(ticks) / double(sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace
 
 void run_job(const JobOptions& options, Comm& world) {
   // --dry-run plans without a backend, so device: cuda is planned on any machine.
+  const Stopwatch clock;
   JobSession job = open_job(options.config_path, options.overrides, options.resume.value_or(""),
                             world, !options.dry_run);
   const Config& config = job.config;
@@ -77,6 +99,10 @@ void run_job(const JobOptions& options, Comm& world) {
         ulysses_version(), name_of(config.model.family), world.size(), mesh.dp_size, mesh.sp_size,
         world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
         job.progress_thread ? "a progress thread per rank" : "no progress thread");
+  if (world.rank() == 0)
+    spdlog::info(
+        "startup: config, backend and communicators ready in {:.2f} s, {:.2f} s after launch",
+        clock.seconds(), seconds_since_launch());
   const std::string setup_warning = job.backend->setup_warning();
   if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
   // Before the checkpoint folder is touched: a run that cannot go far leaves it as it was.
@@ -90,12 +116,16 @@ void run_job(const JobOptions& options, Comm& world) {
       prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
   Trainer trainer(config, *job.backend, mesh);
   trainer.replace_after_first_save(std::move(replaced));
+  const Stopwatch loading;
   if (resume_folder.empty()) {
     Watchdog::SlowWork slow(job.watchdog.get(), "loading model.init_from");
     trainer.load_initial_weights();
   } else {
     trainer.resume(resume_folder);
   }
+  if (world.rank() == 0 && (!resume_folder.empty() || !config.model.init_from.empty()))
+    spdlog::info("startup: {} loaded in {:.2f} s",
+                 resume_folder.empty() ? "model.init_from" : "the checkpoint", loading.seconds());
   if (world.rank() == 0)
     spdlog::info("{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}",
                  trainer.model().num_params(), config.train.seq_len,

@@ -49,15 +49,27 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
       seq_len_stages_(parse_seq_len_schedule(config.train.seq_len_schedule)),
       guard_(config.train, config.model.vocab_size) {
   const TrainConfig& train = config.train;
+  const Stopwatch clock;
   // A plan is for the last stage of a curriculum, at the full length.
   const int64_t last_step = std::numeric_limits<int64_t>::max();
   build_model(stage_at(seq_len_stages_, train.seq_len, train.batch_size,
                        backend.memory().planning() ? last_step : 0));
   optimizer_ = std::make_unique<AdamW>(backend, model_->table(), train, model_->state().layout());
   if (backend.memory().planning()) return;
+  // Each stage's time includes its device work (the zero fills, the uploads).
+  backend.synchronize();
+  const double buffers = clock.seconds();
   model_->init_weights(train.seed);
+  backend.synchronize();
+  const double weights = clock.seconds() - buffers;
   open_data();
   checkpointer_ = std::make_unique<Checkpointer>(config, backend, *mesh.world);
+  if (mesh.world->rank() == 0)
+    spdlog::info(
+        "startup: model and optimizer buffers in {:.2f} s, initial weights in {:.2f} s ({:.2f} GB "
+        "of f32 made and uploaded per rank), data in {:.2f} s",
+        buffers, weights, 4e-9 * double(model_->state().layout().shard_numel()),
+        clock.seconds() - buffers - weights);
 }
 
 void Trainer::build_model(const SeqLenStage& stage) {
@@ -474,6 +486,9 @@ void Trainer::run() {
     CommStats comm = sum_stats(comms) - before;
     double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
     log_step(result, comm, comm_seconds, phases, readback_seconds);
+    const std::string plans = backend_.take_plans_built();
+    if (!plans.empty() && mesh_.world->rank() == 0)
+      spdlog::info("step {} built {} (the first use of each shape)", step_, plans);
     if (config_.log.verdict_every > 0 && step_ % config_.log.verdict_every == 0) {
       const Verdict verdict = current_verdict();
       if (mesh_.world->rank() == 0)

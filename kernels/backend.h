@@ -68,9 +68,20 @@ class Backend {
     return Buffer(this, category, dtype, dims, what);
   }
 
+  // As alloc, every byte zero. Where fresh memory comes zero, its pages are touched only when
+  // first written: on the cpu backend the gradients and optimizer moments, zero at startup,
+  // are first written by step 1 (docs/performance.md, "Startup").
+  Buffer alloc_zeroed(MemCategory category, DType dtype, std::initializer_list<int64_t> dims,
+                      const std::string& what) {
+    return Buffer(this, category, dtype, dims, what, true);
+  }
+
   // Untracked raw memory; use alloc() (a tracked Buffer) instead.
   virtual void* raw_alloc(size_t bytes) = 0;
   virtual void raw_free(void* pointer) = 0;
+  // Untracked raw memory that is zero, for alloc_zeroed, or null where this backend has none
+  // that comes zero (the buffer is then allocated and filled); raw_free frees it.
+  virtual void* raw_alloc_zeroed(size_t /*bytes*/) { return nullptr; }
   // Host memory that upload and download move fastest (page-locked on cuda), for staging
   // device buffers through the host. Not tracked: it is not the backend's memory. Defined
   // here, not in backend.cpp: a Backend without a key function keeps its type info in every
@@ -94,6 +105,23 @@ class Backend {
     return ++transfers_issued_;
   }
   virtual void wait_transfer(int64_t /*ticket*/) {}
+
+  // ---- uploads staged through host staging memory (the weights at startup) --------------
+  // Starts copying host_src, host staging memory (host_staging_alloc), to dst, ordered before
+  // the ops enqueued after it, and returns its ticket: the host may fill the next piece while
+  // this one travels, but host_src must stay as it is until wait_upload(ticket) returned.
+  // This default copies at once.
+  virtual int64_t upload_async(const Tensor& dst, const void* host_src) {
+    upload(dst, host_src);
+    return ++uploads_issued_;
+  }
+  // Returns once upload `ticket` and every earlier one have read their host memory.
+  virtual void wait_upload(int64_t /*ticket*/) {}
+
+  // The kernel plans (cuBLASLt heuristics, cuDNN graphs) built since the last call and the
+  // host time they took, as a phrase for the log ("12 cuBLASLt plans in 0.21 s"); empty when
+  // none were built. Plans are built when an op first meets a shape: mostly in step 1.
+  virtual std::string take_plans_built() { return ""; }
 
   // ---- the ops ---------------------------------------------------------------------------
   // Each op is a non-virtual front (kernels/backend.cpp): it checks the op's contract, the
@@ -248,6 +276,7 @@ class Backend {
 
   MemoryTracker memory_;
   int64_t transfers_issued_ = 0;
+  int64_t uploads_issued_ = 0;
   Profiler profiler_;
 };
 

@@ -1,6 +1,7 @@
 #include "kernels/tensor.h"
 
 #include <bit>
+#include <cstring>
 #include <utility>
 
 #include "kernels/backend.h"
@@ -111,7 +112,7 @@ std::string Tensor::shape_string() const {
 }
 
 Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
-               std::initializer_list<int64_t> dims, const std::string& what)
+               std::initializer_list<int64_t> dims, const std::string& what, bool zeroed)
     : backend_(backend), category_(category), view_(nullptr, dtype, dims) {
   size_t bytes = view_.bytes();
   backend_->memory().charge(category_, int64_t(bytes), what);
@@ -122,9 +123,24 @@ Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
   }
   try {
     // Offloaded layer inputs live in host memory the device copies fastest (pinned on cuda).
-    view_.data = category_ == MemCategory::checkpoints_host ? backend_->host_staging_alloc(bytes)
-                                                            : backend_->raw_alloc(bytes);
+    if (category_ == MemCategory::checkpoints_host) {
+      view_.data = backend_->host_staging_alloc(bytes);
+      if (zeroed) std::memset(view_.data, 0, bytes);
+      return;
+    }
+    if (zeroed) view_.data = backend_->raw_alloc_zeroed(bytes);
+    if (view_.data) return;
+    view_.data = backend_->raw_alloc(bytes);
   } catch (...) {
+    backend_->memory().release(category_, int64_t(bytes));
+    throw;
+  }
+  if (!zeroed) return;
+  try {
+    backend_->fill_zero(view_);
+  } catch (...) {
+    backend_->raw_free(view_.data);
+    view_.data = nullptr;
     backend_->memory().release(category_, int64_t(bytes));
     throw;
   }

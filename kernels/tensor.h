@@ -59,8 +59,9 @@ class Backend;
 class Buffer {
  public:
   Buffer() = default;
+  // zeroed: every byte zero (Backend::alloc_zeroed).
   Buffer(Backend* backend, MemCategory category, DType dtype, std::initializer_list<int64_t> dims,
-         const std::string& what);
+         const std::string& what, bool zeroed = false);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

@@ -6,7 +6,17 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kernels/staged_upload.h"
+
 namespace ulysses {
+
+namespace {
+
+// The most floats of one half of the staging block for uploads: 32 MiB keep the copy engine
+// busy while the host makes the next piece.
+constexpr int64_t kStagingPiece = int64_t(8) << 20;
+
+}  // namespace
 
 ZeroState::ZeroState(Backend& backend, Comm& world, int stage,
                      const std::vector<int64_t>& unit_ends, int slots)
@@ -24,26 +34,29 @@ ZeroState::ZeroState(Backend& backend, Comm& world, int stage,
   const bool low_precision = compute_dtype_ != DType::f32;
   const int64_t padded = layout_.padded_numel(), shard = layout_.shard_numel();
   const int64_t unit = layout_.max_padded_unit();
+  // Zero from the start, padding included: it is reduced, gathered and summed in the gradient
+  // norm, and must stay zero.
   if (stage_ == 0) {
-    whole_weights_ = backend.alloc(MemCategory::params, DType::f32, {padded}, "parameters");
+    whole_weights_ = backend.alloc_zeroed(MemCategory::params, DType::f32, {padded}, "parameters");
     if (low_precision)
-      compute_copy_ =
-          backend.alloc(MemCategory::params, compute_dtype_, {padded}, "parameters (compute copy)");
+      compute_copy_ = backend.alloc_zeroed(MemCategory::params, compute_dtype_, {padded},
+                                           "parameters (compute copy)");
   } else if (stage_ <= 2) {
-    whole_weights_ = backend.alloc(MemCategory::params, compute_dtype_, {padded}, "parameters");
+    whole_weights_ =
+        backend.alloc_zeroed(MemCategory::params, compute_dtype_, {padded}, "parameters");
   }
   // The master shard is optimizer state unless it is itself what stage 3 gathers.
   if (sharded())
-    master_ =
-        backend.alloc(stage_ == 3 && !low_precision ? MemCategory::params : MemCategory::optimizer,
-                      DType::f32, {shard}, "master weights shard");
+    master_ = backend.alloc_zeroed(
+        stage_ == 3 && !low_precision ? MemCategory::params : MemCategory::optimizer, DType::f32,
+        {shard}, "master weights shard");
   if (stage_ == 3 && low_precision)
-    compute_copy_ = backend.alloc(MemCategory::params, compute_dtype_, {shard},
-                                  "parameter shard (compute copy)");
+    compute_copy_ = backend.alloc_zeroed(MemCategory::params, compute_dtype_, {shard},
+                                         "parameter shard (compute copy)");
   if (stage_ <= 1)
-    whole_grads_ = backend.alloc(MemCategory::grads, DType::f32, {padded}, "gradients");
+    whole_grads_ = backend.alloc_zeroed(MemCategory::grads, DType::f32, {padded}, "gradients");
   if (sharded())
-    grad_shard_ = backend.alloc(MemCategory::grads, DType::f32, {shard}, "gradient shard");
+    grad_shard_ = backend.alloc_zeroed(MemCategory::grads, DType::f32, {shard}, "gradient shard");
   for (int slot = 0; stage_ >= 2 && slot < slots_; ++slot) {
     staging_.push_back(
         backend.alloc(MemCategory::grads, DType::f32, {unit}, "gradient of one unit"));
@@ -55,10 +68,6 @@ ZeroState::ZeroState(Backend& backend, Comm& world, int stage,
     gathered_unit_.push_back(-1);
     gathered_in_use_.push_back(false);
   }
-  if (backend.memory().planning()) return;  // --dry-run: charged, never touched
-  // Padding must stay zero: it is reduced, gathered and summed in the gradient norm.
-  for (Buffer* buffer : {&whole_weights_, &compute_copy_, &master_, &whole_grads_, &grad_shard_})
-    if (!buffer->empty()) backend.fill_zero(*buffer);
 }
 
 // A started gather or reduction: its wait is timed as the schedule's wait, the whole flight
@@ -293,12 +302,25 @@ void ZeroState::for_each_stored_piece(
 }
 
 void ZeroState::upload_weights(const FlatRangeReader& read) {
-  std::vector<float> host;
-  for_each_stored_piece([&](int64_t begin, int64_t shard_begin, int64_t count) {
-    host.resize(size_t(count));
-    read(begin, count, host.data());
-    backend_.upload(master_weights().flat_range(shard_begin, count), host.data());
-  });
+  if (!backend_.host_memory_is_separate()) {
+    // The master weights are host memory: the reader fills them in place.
+    for_each_stored_piece([&](int64_t begin, int64_t shard_begin, int64_t count) {
+      read(begin, count, static_cast<float*>(master_weights().flat_range(shard_begin, count).data));
+    });
+  } else {
+    // Two halves of at most one unit together: the reader fills one while the other travels.
+    // Each stored piece is cut further, so every range read lies inside one of them (as
+    // StoredWeights needs).
+    StagedUpload staged(backend_, std::max<int64_t>(1, std::min(kStagingPiece, host_piece() / 2)));
+    for_each_stored_piece([&](int64_t begin, int64_t shard_begin, int64_t count) {
+      for (int64_t done = 0; done < count; done += staged.piece()) {
+        const int64_t n = std::min(staged.piece(), count - done);
+        read(begin + done, n, staged.next());
+        staged.send(master_weights().flat_range(shard_begin + done, n));
+      }
+    });
+    staged.finish();
+  }
   publish_weights();
 }
 

@@ -90,8 +90,11 @@ class ZeroState {
 
   // ---- weights through the host, by the ranges this rank stores --------------------------
   // Collective. Asks read for the flat ranges whose master weights this rank stores (its
-  // shard; all of them at stage 0) in pieces of at most one unit, so the host never holds
-  // more than one unit at a time (docs/memory.md, "Host memory per rank"), then publishes.
+  // shard; all of them at stage 0), then publishes. Where the backend's memory is the host's,
+  // read writes straight into the master weights, a unit at a time; elsewhere into two halves
+  // of a host staging block of at most one unit, filling one while the other is uploaded
+  // (kernels/staged_upload.h). Either way the host holds at most one unit more
+  // (docs/memory.md, "Host memory per rank"). read may run OpenMP threads of its own.
   void upload_weights(const FlatRangeReader& read);
   // Hands the master weights this rank stores to write, in flat order and in pieces of at
   // most one unit. Not collective.

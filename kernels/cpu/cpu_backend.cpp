@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,11 +49,57 @@ void* CpuBackend::raw_alloc(size_t bytes) {
   return pointer;
 }
 
+void* CpuBackend::raw_alloc_zeroed(size_t bytes) {
+  // A fresh private mapping reads as zero and takes memory only where it is written: the
+  // gradients and moments cost nothing at startup. Its pages are transparent huge pages, on
+  // 2 MiB boundaries: the first write of each 2 MiB is one page fault instead of 512, which
+  // matters where faults are slow (virtual machines; docs/performance.md, "Startup").
+  constexpr size_t kHugePage = size_t(2) << 20;
+  if (bytes < kHugePage) return nullptr;
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  const size_t length = rounded + kHugePage;  // room to start on a boundary
+  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED)
+    throw OutOfMemoryError("cpu: mapping " + format_bytes(int64_t(bytes)) + " failed");
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
+  void* pointer = reinterpret_cast<void*>(start);
+  madvise(pointer, rounded, MADV_HUGEPAGE);  // a hint: without it the pages are small
+  std::lock_guard<std::mutex> lock(mappings_mutex_);
+  mappings_[pointer] = {base, length};
+  return pointer;
+}
+
 void CpuBackend::raw_free(void* pointer) {
+  {
+    std::lock_guard<std::mutex> lock(mappings_mutex_);
+    auto mapping = mappings_.find(pointer);
+    if (mapping != mappings_.end()) {
+      munmap(mapping->second.first, mapping->second.second);
+      mappings_.erase(mapping);
+      return;
+    }
+  }
   std::free(pointer);
 }
 
 // ---- data movement -----------------------------------------------------------------------
+
+int64_t CpuBackend::upload_async(const Tensor& dst, const void* host_src) {
+  if (!separate_host_memory_) return Backend::upload_async(dst, host_src);
+  deferred_uploads_.push_back({++upload_tickets_, dst, host_src});
+  return upload_tickets_;
+}
+
+void CpuBackend::wait_upload(int64_t ticket) {
+  while (!deferred_uploads_.empty() && deferred_uploads_.front().ticket <= ticket) {
+    upload(deferred_uploads_.front().dst, deferred_uploads_.front().host_src);
+    deferred_uploads_.pop_front();
+  }
+}
+
+void CpuBackend::synchronize() {
+  if (!deferred_uploads_.empty()) wait_upload(deferred_uploads_.back().ticket);
+}
 
 void CpuBackend::upload_impl(const Tensor& dst, const void* host_src) {
   if (dst.bytes() > 0) std::memcpy(dst.data, host_src, dst.bytes());
@@ -84,7 +131,17 @@ void CpuBackend::cast_impl(const Tensor& dst, const Tensor& src) {
 }
 
 void CpuBackend::fill_zero_impl(const Tensor& dst) {
-  if (dst.bytes() > 0) std::memset(dst.data, 0, dst.bytes());
+  // On every thread: on fresh memory the fill is mostly first-touch page faults, which the
+  // cores take in parallel, and a gradient's fill each step is bound by memory bandwidth.
+  constexpr size_t kChunk = size_t(2) << 20;
+  const size_t bytes = dst.bytes();
+  char* data = static_cast<char*>(dst.data);
+  const int64_t chunks = int64_t((bytes + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const size_t at = size_t(chunk) * kChunk;
+    std::memset(data + at, 0, std::min(kChunk, bytes - at));
+  }
 }
 
 void CpuBackend::copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,

@@ -3,6 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "kernels/op_scratch.h"
@@ -20,12 +24,16 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int64_t memory_limit_bytes = 0) : Backend(memory_limit_bytes) {}
 
   // Makes offloaded layer inputs move out and back as on a device backend (docs/memory.md),
-  // so that schedule is run and tested on machines without a GPU.
+  // so that schedule is run and tested on machines without a GPU; and staged uploads land
+  // only when waited for (wait_upload, synchronize), the latest a copy engine may read the
+  // host memory, so that a caller refilling it too early is seen.
   void treat_host_memory_as_separate() { separate_host_memory_ = true; }
   bool host_memory_is_separate() const override { return separate_host_memory_; }
   // The GEMMs of every op (gemm, and the LM head inside lm_head_loss); OpenBLAS unless set.
   void use_gemm(CpuGemm gemm) { gemm_ = gemm; }
   CpuGemm gemm_kind() const { return gemm_; }
+  int64_t upload_async(const Tensor& dst, const void* host_src) override;
+  void wait_upload(int64_t ticket) override;
 
   std::string name() const override { return "cpu"; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cpu); }
@@ -36,8 +44,9 @@ class CpuBackend final : public Backend {
   std::string setup_warning() const override;
 
   void* raw_alloc(size_t bytes) override;
+  void* raw_alloc_zeroed(size_t bytes) override;
   void raw_free(void* pointer) override;
-  void synchronize() override {}
+  void synchronize() override;
 
  private:
   void upload_impl(const Tensor& dst, const void* host_src) override;
@@ -100,6 +109,16 @@ class CpuBackend final : public Backend {
 
   bool separate_host_memory_ = false;
   CpuGemm gemm_ = CpuGemm::openblas;
+  struct DeferredUpload {
+    int64_t ticket;
+    Tensor dst;
+    const void* host_src;
+  };
+  std::deque<DeferredUpload> deferred_uploads_;  // oldest first
+  // raw_alloc_zeroed's mappings: where each starts, and its base and length for munmap.
+  std::mutex mappings_mutex_;
+  std::unordered_map<void*, std::pair<void*, size_t>> mappings_;
+  int64_t upload_tickets_ = 0;
 };
 
 }  // namespace ulysses

@@ -1,6 +1,7 @@
 // CudaBackend: device selection, memory, data movement, elementwise helpers, bias, AdamW and
 // the deterministic column reductions that weight gradients use.
 #include <nvtx3/nvToolsExt.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -127,6 +128,7 @@ CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKernel
 CudaBackend::~CudaBackend() {
   // Destructors cannot throw: statuses are ignored on the way out.
   cudaStreamSynchronize(stream_);
+  for (auto& [ticket, done] : uploads_) cudaEventDestroy(done);
   for (auto& [key, plan] : gemm_plans_) {
     cublasLtMatrixLayoutDestroy(plan.a);
     cublasLtMatrixLayoutDestroy(plan.b);
@@ -145,6 +147,8 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::set_num_threads(int threads) {
   if (threads < 1) throw std::invalid_argument("set_num_threads: threads must be >= 1");
+  // The host's own work, the initial weights above all, takes the rank's share of the cores.
+  omp_set_num_threads(threads);
 }
 
 // ---- memory ------------------------------------------------------------------------------
@@ -200,6 +204,54 @@ void CudaBackend::wait_transfer(int64_t ticket) {
 }
 
 // ---- data movement -----------------------------------------------------------------------
+
+int64_t CudaBackend::upload_async(const Tensor& dst, const void* host_src) {
+  if (dst.bytes() > 0)
+    check_cuda(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, stream_),
+               "upload_async (cudaMemcpyAsync)");
+  cudaEvent_t done = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  const cudaError_t status = cudaEventRecord(done, stream_);
+  if (status != cudaSuccess) {
+    cudaEventDestroy(done);
+    check_cuda(status, "cudaEventRecord (upload_async)");
+  }
+  uploads_.emplace_back(++upload_tickets_, done);
+  return upload_tickets_;
+}
+
+void CudaBackend::wait_upload(int64_t ticket) {
+  // The stream runs the uploads in order: the newest at or before ticket covers the others.
+  cudaEvent_t newest = nullptr;
+  while (!uploads_.empty() && uploads_.front().first <= ticket) {
+    if (newest) cudaEventDestroy(newest);
+    newest = uploads_.front().second;
+    uploads_.pop_front();
+  }
+  if (!newest) return;
+  const cudaError_t status = cudaEventSynchronize(newest);
+  cudaEventDestroy(newest);
+  check_cuda(status, "wait_upload (cudaEventSynchronize)");
+}
+
+std::string CudaBackend::take_plans_built() {
+  std::string built;
+  if (gemm_plans_built_ > 0) {
+    char text[96];
+    std::snprintf(text, sizeof text, "%d cuBLASLt plans in %.2f s", gemm_plans_built_,
+                  gemm_plan_seconds_);
+    built = text;
+  }
+#ifdef ULYSSES_WITH_CUDNN
+  if (cudnn_attention_) {
+    const std::string graphs = cudnn_attention_->take_graphs_built();
+    if (!graphs.empty()) built += (built.empty() ? "" : ", ") + graphs;
+  }
+#endif
+  gemm_plans_built_ = 0;
+  gemm_plan_seconds_ = 0.0;
+  return built;
+}
 
 void CudaBackend::upload_impl(const Tensor& dst, const void* host_src) {
   if (dst.bytes() == 0) return;

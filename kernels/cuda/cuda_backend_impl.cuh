@@ -5,9 +5,12 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <deque>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -42,6 +45,11 @@ class CudaBackend final : public Backend {
   bool host_memory_is_separate() const override { return true; }
   int64_t transfer(const Tensor& dst, const Tensor& src) override;
   void wait_transfer(int64_t ticket) override;
+  // The weights at startup: copies from pinned staging memory on the compute stream, each
+  // with an event that the host waits on before it refills the memory.
+  int64_t upload_async(const Tensor& dst, const void* host_src) override;
+  void wait_upload(int64_t ticket) override;
+  std::string take_plans_built() override;
   void synchronize() override;
 
  private:
@@ -118,6 +126,10 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   Buffer gemm_workspace_;
   std::map<GemmKey, GemmPlan> gemm_plans_;
+  int gemm_plans_built_ = 0;  // since take_plans_built, and the host seconds they took
+  double gemm_plan_seconds_ = 0.0;
+  std::deque<std::pair<int64_t, cudaEvent_t>> uploads_;  // in flight, oldest first
+  int64_t upload_tickets_ = 0;
   std::unique_ptr<CudnnAttention> cudnn_attention_;  // kernels.attention: cudnn only
   std::unique_ptr<CudaTimeline> timeline_;           // the profiler's device time
   std::unique_ptr<CudaTransfers> transfers_;         // memory.offload_checkpoints

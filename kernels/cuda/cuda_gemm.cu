@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_backend_impl.cuh"
+#include "kernels/stopwatch.h"
 
 namespace ulysses {
 
@@ -37,6 +38,7 @@ int pointer_alignment(const void* pointer) {
 const CudaBackend::GemmPlan& CudaBackend::gemm_plan(const GemmKey& key) {
   auto found = gemm_plans_.find(key);
   if (found != gemm_plans_.end()) return found->second;
+  const Stopwatch clock;
   const auto [ab_dtype, c_dtype, alignment, trans_a, trans_b, m, n, k, lda, ldb] = key;
   const cudaDataType_t ab_type = lt_type(DType(ab_dtype));
   const cudaDataType_t c_type = lt_type(DType(c_dtype));
@@ -94,6 +96,8 @@ const CudaBackend::GemmPlan& CudaBackend::gemm_plan(const GemmKey& key) {
         dtype_name(DType(c_dtype)) + " output at " + std::to_string(alignment) + "-byte alignment");
   }
   plan.algo = heuristic.algo;
+  ++gemm_plans_built_;
+  gemm_plan_seconds_ += clock.seconds();
   return gemm_plans_.emplace(key, plan).first->second;
 }
 

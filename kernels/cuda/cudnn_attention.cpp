@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -17,6 +18,7 @@
 #include "kernels/cuda/cudnn_attention_graphs.h"
 #include "kernels/cuda/cudnn_graph.h"
 #include "kernels/op_scratch.h"
+#include "kernels/stopwatch.h"
 
 namespace ulysses {
 
@@ -90,6 +92,18 @@ CudnnAttention::~CudnnAttention() {
   cudnnDestroy(graphs_->handle);
 }
 
+std::string CudnnAttention::take_graphs_built() {
+  std::string built;
+  if (graphs_built_ > 0) {
+    char text[96];
+    std::snprintf(text, sizeof text, "%d cuDNN graphs in %.2f s", graphs_built_, graph_seconds_);
+    built = text;
+  }
+  graphs_built_ = 0;
+  graph_seconds_ = 0.0;
+  return built;
+}
+
 void CudnnAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                              const Tensor& v) {
   require_supported(q, k, {&out, &lse, &q, &k, &v}, "attention_forward");
@@ -97,9 +111,12 @@ void CudnnAttention::forward(const Tensor& out, const Tensor& lse, const Tensor&
   const Graphs::Key key = Graphs::key(dims);
   auto found = graphs_->forward.find(key);
   if (found == graphs_->forward.end()) {
+    const Stopwatch clock;
     GraphBuilder builder(graphs_->handle);
     cudnn::add_attention_forward(builder, dims);
     found = graphs_->forward.emplace(key, builder.build("kernels.attention: cudnn forward")).first;
+    ++graphs_built_;
+    graph_seconds_ += clock.seconds();
   }
   const GraphBuilder::Plan& plan = found->second;
 
@@ -120,6 +137,7 @@ void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   const Graphs::Key key = Graphs::key(dims);
   auto found = graphs_->backward.find(key);
   if (found == graphs_->backward.end()) {
+    const Stopwatch clock;
     // The deterministic algorithm where cuDNN has one for this GPU, else its default.
     auto plan_for = [&](bool deterministic) {
       GraphBuilder builder(graphs_->handle);
@@ -150,6 +168,8 @@ void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     }
     graphs_->backward_deterministic[key] = deterministic;
     found = graphs_->backward.emplace(key, std::move(plan)).first;
+    ++graphs_built_;
+    graph_seconds_ += clock.seconds();
   }
   const GraphBuilder::Plan& plan = found->second;
   const bool deterministic = graphs_->backward_deterministic[key];
