@@ -264,8 +264,10 @@ const std::vector<Field>& fields() {
       {ULYSSES_KEY(kernels.attention),
        {},
        "`cudnn` needs `device: cuda` and a head dim that is a multiple of 8, at most 128",
-       "attention implementation (docs/cuda.md): the hand-written flash-style kernels, or "
-       "cuDNN's fused engines; head dim = `d_model / n_heads`"},
+       "attention implementation (docs/cuda.md): `native`, the hand-written flash-style "
+       "kernels; `cudnn`, cuDNN's fused engines; `auto`, cuDNN where the build has it, the "
+       "loaded library is 9.16 or newer and the head dim (`d_model / n_heads`) fits, else "
+       "native (one log line says which and why; the cpu backend is always native)"},
 
       {ULYSSES_KEY(log.every), at_least(1), "", "steps between log lines"},
       {ULYSSES_KEY(log.metrics_file), {}, "path", "JSON-lines metrics file; empty = none"},

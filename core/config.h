@@ -65,7 +65,7 @@ inline const std::string& name_of(ActivationCheckpointing value) {
   return kActivationCheckpointingNames[size_t(value)];
 }
 
-inline const std::vector<std::string> kAttentionKernelNames = {"native", "cudnn"};
+inline const std::vector<std::string> kAttentionKernelNames = {"auto", "native", "cudnn"};
 inline const std::string& name_of(AttentionKernel value) {
   return kAttentionKernelNames[size_t(value)];
 }
@@ -167,7 +167,7 @@ struct MemoryConfig {
 };
 
 struct KernelsConfig {
-  AttentionKernel attention = AttentionKernel::native;
+  AttentionKernel attention = AttentionKernel::automatic;
 };
 
 struct LogConfig {

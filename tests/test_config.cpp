@@ -367,7 +367,7 @@ log:
   EXPECT_EQ(back.memory.tiled_mlp, "false");
   EXPECT_EQ(back.memory.loss_tile_tokens, 128);
   EXPECT_EQ(back.memory.limit_gib, 1.5);
-  EXPECT_EQ(name_of(back.kernels.attention), "native");
+  EXPECT_EQ(name_of(back.kernels.attention), "auto");
   EXPECT_EQ(back.log.every, 5);
   EXPECT_EQ(back.log.metrics_file, "metrics.jsonl");
   EXPECT_EQ(back.log.trace_file, "trace.json");

@@ -1,6 +1,9 @@
 // CudaBackend: device selection, memory, data movement, elementwise helpers, bias, AdamW and
 // the deterministic column reductions that weight gradients use.
 #include <nvtx3/nvToolsExt.h>
+#ifdef ULYSSES_WITH_CUDNN
+#include <cudnn.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -79,6 +82,14 @@ int cuda_device_count() {
     return 0;
   }
   return count;
+}
+
+int64_t cuda_cudnn_version() {
+#ifdef ULYSSES_WITH_CUDNN
+  return int64_t(cudnnGetVersion());
+#else
+  return 0;
+#endif
 }
 
 CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKernel attention)
