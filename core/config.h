@@ -162,7 +162,7 @@ struct MemoryConfig {
   std::string tiled_mlp = "false";
   // Layer inputs kept for the recompute live in host memory (with layer checkpointing).
   bool offload_checkpoints = false;
-  int loss_tile_tokens = 256;
+  int loss_tile_tokens = 0;  // 0: auto (kernels/op_scratch.h)
   double limit_gib = 0.0;  // 0 = unlimited (cpu)
 };
 

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/op_contracts.h"
+#include "kernels/op_scratch.h"
 
 #ifdef ULYSSES_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -207,6 +208,10 @@ void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, co
   contracts::check_adamw(param, grad, m, v, step);
   require_apart("adamw", {{param, "param"}, {m, "m"}, {v, "v"}}, {{grad, "grad"}});
   adamw_impl(param, grad, m, v, step);
+}
+
+int64_t Backend::auto_loss_tile_tokens(int64_t, int64_t) const {
+  return kHostLossTileTokens;
 }
 
 bool cuda_backend_compiled() {

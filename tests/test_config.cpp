@@ -75,7 +75,10 @@ const std::vector<BadConfig> kBadConfigs = {
      "train.lr = 0.001 (config.yaml:2)"},
     {"no layers", "model:\n  n_layers: 0\n", "model.n_layers", 2, ">= 1"},
     {"zero d_model", "model:\n  d_model: 0\n", "model.d_model", 2, ">= 1"},
-    {"zero loss tile", "memory:\n  loss_tile_tokens: 0\n", "memory.loss_tile_tokens", 2, ">= 1"},
+    {"negative loss tile", "memory:\n  loss_tile_tokens: -1\n", "memory.loss_tile_tokens", 2,
+     ">= 0"},
+    {"auto where 0 resolves nothing", "train:\n  grad_clip: auto\n", "train.grad_clip", 2,
+     "expected a number, got 'auto'"},
     {"negative memory limit", "memory:\n  limit_gib: -2\n", "memory.limit_gib", 2, ">= 0"},
     {"log every zero", "log:\n  every: 0\n", "log.every", 2, ">= 1"},
     {"head chunks zero", "parallel:\n  head_chunks: 0\n", "parallel.head_chunks", 2, ">= 1"},
@@ -264,6 +267,18 @@ TEST(Config, DefaultsThatDependOnOtherKeys) {
   EXPECT_EQ(explicit_values.model.d_ff, 100);
   EXPECT_EQ(explicit_values.model.vocab_size, 1000);
   EXPECT_EQ(explicit_values.model.max_seq_len, 4096);
+}
+
+TEST(Config, AutoSpellsTheZeroThatAKeyResolves) {
+  Config config =
+      parse_config("model:\n  n_heads: 8\n  n_kv_heads: auto\nmemory:\n  loss_tile_tokens: auto\n",
+                   {}, "c.yaml");
+  EXPECT_EQ(config.model.n_kv_heads, 8);
+  EXPECT_EQ(config.memory.loss_tile_tokens, 0);
+  EXPECT_EQ(parse_config("", {"memory.loss_tile_tokens=auto"}, "c.yaml").memory.loss_tile_tokens,
+            0);
+  EXPECT_EQ(parse_config("", {"memory.loss_tile_tokens=512"}, "c.yaml").memory.loss_tile_tokens,
+            512);
 }
 
 TEST(Config, ResolvedYamlParsesBackToTheSameConfig) {
