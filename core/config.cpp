@@ -275,8 +275,12 @@ const std::vector<Field>& fields() {
        "already, so nothing moves; on cuda they are copied to pinned host memory on a side "
        "stream as the forward makes them and brought back one layer ahead in backward, two "
        "staying on the device (docs/memory.md; compiled, not yet run on a GPU)"},
-      {ULYSSES_KEY(memory.loss_tile_tokens), at_least(1), "",
-       "tokens per tile of the fused LM-head + loss (logits never exist for the whole slice)"},
+      {ULYSSES_KEY(memory.loss_tile_tokens), at_least(0), "`auto` (0) or a tile ≥ 1",
+       "tokens per tile of the fused LM-head + loss (logits never exist for the whole slice); "
+       "`auto`: 256 on the cpu backend; on cuda the tile doubles from 256 to 4096 while its "
+       "buffers take at most 1/128 of the memory limit (for a vocabulary of 32000 at width "
+       "2048: 4096 on a 141 GiB H200, 2048 on an 80 GiB GPU; docs/memory.md)",
+       "auto"},
       {ULYSSES_KEY(memory.limit_gib), zero_or(between(kSmallestLimitGib, kLargestLimitGib)), "",
        "cap on tracked memory per rank: an allocation past it fails with an out-of-memory error "
        "listing the bytes held by category; 0 = unlimited"},
@@ -284,8 +288,10 @@ const std::vector<Field>& fields() {
       {ULYSSES_KEY(kernels.attention),
        {},
        "`cudnn` needs `device: cuda` and a head dim that is a multiple of 8, at most 128",
-       "attention implementation (docs/cuda.md): the hand-written flash-style kernels, or "
-       "cuDNN's fused engines; head dim = `d_model / n_heads`"},
+       "attention implementation (docs/cuda.md): `native`, the hand-written flash-style "
+       "kernels; `cudnn`, cuDNN's fused engines; `auto`, cuDNN where the build has it, the "
+       "loaded library is 9.16 or newer and the head dim (`d_model / n_heads`) fits, else "
+       "native (one log line says which and why; the cpu backend is always native)"},
 
       {ULYSSES_KEY(log.every), at_least(1), "", "steps between log lines"},
       {ULYSSES_KEY(log.metrics_file), {}, "path", "JSON-lines metrics file; empty = none"},
@@ -673,8 +679,13 @@ class ConfigReader {
     for (const Field& field : fields()) {
       auto given = given_.find(field.key);
       if (given == given_.end()) continue;
+      // `auto` spells the 0 of a key whose 0 is resolved (its `resolved` column).
+      const YAML::Node& given_value = given->second.value;
+      const bool automatic =
+          !field.resolved.empty() && given_value.IsScalar() && given_value.Scalar() == "auto";
       std::string problem = std::visit(
-          [&](auto ref) { return convert(given->second.value, ref(config)); }, field.ref);
+          [&](auto ref) { return convert(automatic ? YAML::Node(0) : given_value, ref(config)); },
+          field.ref);
       if (!problem.empty()) fail(field.key, problem);
     }
   }

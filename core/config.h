@@ -65,7 +65,7 @@ inline const std::string& name_of(ActivationCheckpointing value) {
   return kActivationCheckpointingNames[size_t(value)];
 }
 
-inline const std::vector<std::string> kAttentionKernelNames = {"native", "cudnn"};
+inline const std::vector<std::string> kAttentionKernelNames = {"auto", "native", "cudnn"};
 inline const std::string& name_of(AttentionKernel value) {
   return kAttentionKernelNames[size_t(value)];
 }
@@ -165,12 +165,12 @@ struct MemoryConfig {
   std::string tiled_mlp = "false";
   // Layer inputs kept for the recompute live in host memory (with layer checkpointing).
   bool offload_checkpoints = false;
-  int loss_tile_tokens = 256;
+  int loss_tile_tokens = 0;  // 0: auto (kernels/op_scratch.h)
   double limit_gib = 0.0;  // 0 = unlimited (cpu)
 };
 
 struct KernelsConfig {
-  AttentionKernel attention = AttentionKernel::native;
+  AttentionKernel attention = AttentionKernel::automatic;
 };
 
 struct LogConfig {

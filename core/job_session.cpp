@@ -69,6 +69,19 @@ DeviceCommChoice agree_device_comm(Comm& world, DeviceComm setting) {
   return choice;
 }
 
+// kernels.attention: auto is resolved once for the job, from the oldest cuDNN any rank
+// loads, so that every rank runs the same attention; one log line says which and why.
+void resolve_attention(Comm& world, Config& config) {
+  double negated_version = -double(cudnn_loaded_version());
+  world.all_reduce_host(&negated_version, 1, ReduceOp::max);
+  const AttentionChoice choice =
+      choose_attention(config.kernels.attention, config.device,
+                       config.model.d_model / config.model.n_heads, int64_t(-negated_version));
+  if (config.kernels.attention == AttentionKernel::automatic && world.rank() == 0)
+    spdlog::info("attention: {} ({})", name_of(choice.kernel), choice.reason);
+  config.kernels.attention = choice.kernel;
+}
+
 }  // namespace
 
 int64_t memory_limit_bytes(const Config& config) {
@@ -98,6 +111,7 @@ JobSession open_job(const std::string& config_path, const std::vector<std::strin
     for (const std::string& warning : warnings) spdlog::warn("{}", warning);
   check_same_job(world, job_identity(job.config, command));
   job.watchdog->set_timeout(job.config.parallel.timeout_s);
+  resolve_attention(world, job.config);
   if (!with_backend) return job;
 
   std::string device_error;

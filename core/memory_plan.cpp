@@ -9,7 +9,13 @@
 namespace ulysses {
 
 MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
-  PlanningBackend backend(config.device, config.kernels.attention, cpu_threads);
+  // A job resolves kernels.attention: auto before it plans (core/job_session.cpp); the plan
+  // command resolves it here, for this machine's cuDNN.
+  const AttentionKernel attention =
+      choose_attention(config.kernels.attention, config.device,
+                       config.model.d_model / config.model.n_heads, cudnn_loaded_version())
+          .kernel;
+  PlanningBackend backend(config.device, attention, cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp);
   Trainer trainer(config, backend, planned.mesh);
   MemoryPlan plan;

@@ -22,6 +22,10 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
     : model_config_(config.model),
       memory_(config.memory),
       backend_(backend),
+      loss_tile_tokens_(
+          config.memory.loss_tile_tokens > 0
+              ? config.memory.loss_tile_tokens
+              : backend.auto_loss_tile_tokens(config.model.vocab_size, config.model.d_model)),
       table_(config.model),
       shape_{batch, seq_local, int64_t(sp_comm.rank()) * seq_local},
       state_(backend, world, config.parallel.zero_stage,
@@ -222,8 +226,7 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
     Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
                           lm_head_flops(true));
     loss = backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
-                                 memory_.loss_tile_tokens, grad_scale, dhidden,
-                                 gradient(lm_head_role()));
+                                 loss_tile_tokens_, grad_scale, dhidden, gradient(lm_head_role()));
   }
   final_norm_out_.reset();
   weights.take(unit_of(R::final_norm_weight));
@@ -281,7 +284,7 @@ LossResult Model::evaluate(const MicroBatch& batch) {
   Profiler::Scope scope(backend_.profiler(), phase::kLoss, Profiler::Kind::compute, 0,
                         lm_head_flops(false));
   const LossResult loss = backend_.lm_head_loss(final_norm_out_, weight(lm_head_role()), targets_,
-                                                memory_.loss_tile_tokens, 1.0f, Tensor(), Tensor());
+                                                loss_tile_tokens_, 1.0f, Tensor(), Tensor());
   final_norm_out_.reset();
   return loss;
 }

@@ -38,6 +38,9 @@ class Model {
 
   const ParamTable& table() const { return table_; }
   int64_t num_params() const { return table_.total_numel(); }
+  // Rows per tile of the fused LM head + loss: memory.loss_tile_tokens, or the backend's
+  // choice for auto (kernels/op_scratch.h).
+  int64_t loss_tile_tokens() const { return loss_tile_tokens_; }
   // Weights, gradients and master weights, whole or sharded (parallel/zero_state.h).
   ZeroState& state() { return state_; }
   const ZeroState& state() const { return state_; }
@@ -95,6 +98,7 @@ class Model {
   const ModelConfig& model_config_;
   const MemoryConfig& memory_;
   Backend& backend_;
+  int64_t loss_tile_tokens_;
   ParamTable table_;
   BlockShape shape_;
   ZeroState state_;

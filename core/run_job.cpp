@@ -127,10 +127,12 @@ void run_job(const JobOptions& options, Comm& world) {
     spdlog::info("startup: {} loaded in {:.2f} s",
                  resume_folder.empty() ? "model.init_from" : "the checkpoint", loading.seconds());
   if (world.rank() == 0)
-    spdlog::info("{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}",
-                 trainer.model().num_params(), config.train.seq_len,
-                 config.train.seq_len / mesh.sp_size, config.train.batch_size,
-                 config.train.grad_accum);
+    spdlog::info(
+        "{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}; loss tiles of "
+        "{} tokens{}",
+        trainer.model().num_params(), config.train.seq_len, config.train.seq_len / mesh.sp_size,
+        config.train.batch_size, config.train.grad_accum, trainer.model().loss_tile_tokens(),
+        config.memory.loss_tile_tokens == 0 ? " (memory.loss_tile_tokens: auto)" : "");
   trainer.run();
 }
 

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/op_contracts.h"
+#include "kernels/op_scratch.h"
 
 #ifdef ULYSSES_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -209,12 +210,49 @@ void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, co
   adamw_impl(param, grad, m, v, step);
 }
 
+int64_t Backend::auto_loss_tile_tokens(int64_t, int64_t) const {
+  return kHostLossTileTokens;
+}
+
 bool cuda_backend_compiled() {
 #ifdef ULYSSES_WITH_CUDA
   return true;
 #else
   return false;
 #endif
+}
+
+int64_t cudnn_loaded_version() {
+#ifdef ULYSSES_WITH_CUDA
+  return cuda_cudnn_version();
+#else
+  return 0;
+#endif
+}
+
+AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
+                                 int64_t cudnn_version) {
+  if (setting != AttentionKernel::automatic)
+    return {setting, "kernels.attention: " +
+                         std::string(setting == AttentionKernel::cudnn ? "cudnn" : "native") +
+                         " as set"};
+  const std::string prefix = "kernels.attention: auto: ";
+  if (device != BackendKind::cuda)
+    return {AttentionKernel::native, prefix + "the cpu backend has one attention"};
+  if (cudnn_version == 0) return {AttentionKernel::native, prefix + "this build has no cuDNN"};
+  const std::string version = std::to_string(cudnn_version / 10000) + "." +
+                              std::to_string(cudnn_version / 100 % 100) + "." +
+                              std::to_string(cudnn_version % 100);
+  if (cudnn_version < kCudnnAttentionMinimumVersion)
+    return {AttentionKernel::native,
+            prefix + "the loaded cuDNN is " + version + ", older than the 9.16 its graphs need"};
+  if (head_dim % 8 != 0 || head_dim > 128)
+    return {AttentionKernel::native, prefix +
+                                         "cuDNN needs a head dim that is a multiple of 8 "
+                                         "and at most 128, this model's is " +
+                                         std::to_string(head_dim)};
+  return {AttentionKernel::cudnn,
+          prefix + "cuDNN " + version + " fits head dim " + std::to_string(head_dim)};
 }
 
 int cuda_devices_visible() {
@@ -227,6 +265,9 @@ int cuda_devices_visible() {
 
 std::unique_ptr<Backend> make_backend(BackendKind device, int64_t memory_limit_bytes,
                                       AttentionKernel attention) {
+  if (attention == AttentionKernel::automatic)
+    throw std::invalid_argument(
+        "make_backend: kernels.attention: auto must be resolved first (choose_attention)");
   if (device == BackendKind::cpu) {
     if (attention != AttentionKernel::native)
       throw std::invalid_argument("kernels.attention: cudnn needs device: cuda");

@@ -26,8 +26,23 @@ struct NamedTensor;  // kernels/op_contracts.h
 // The device a backend computes on (the config key device).
 enum class BackendKind { cpu, cuda };
 // The cuda backend's attention (kernels.attention): the hand-written flash-style kernels, or
-// cuDNN's fused SDPA.
-enum class AttentionKernel { native, cudnn };
+// cuDNN's fused SDPA; automatic is resolved by choose_attention before a backend is made.
+enum class AttentionKernel { automatic, native, cudnn };
+
+struct AttentionChoice {
+  AttentionKernel kernel = AttentionKernel::native;
+  std::string reason;  // why, for the log
+};
+
+// The oldest cuDNN runtime whose fused attention graphs this build uses (9.16).
+inline constexpr int64_t kCudnnAttentionMinimumVersion = 91600;
+
+// kernels.attention: auto takes cuDNN on the cuda device where this build has it, the loaded
+// library is at least 9.16 (cudnn_version is cudnnGetVersion(), 0 where the build has no
+// cuDNN) and the head dim is a multiple of 8 and at most 128; else the native kernels. An
+// explicit native or cudnn is returned as it is (the config checks it).
+AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
+                                 int64_t cudnn_version);
 
 struct LossResult {
   double loss_sum = 0.0;  // sum of -log p(target) over counted tokens
@@ -58,6 +73,8 @@ class Backend {
   virtual void set_num_threads(int threads) = 0;
   // What in this backend's setup costs speed, as a sentence for the log; empty when nothing.
   virtual std::string setup_warning() const { return ""; }
+  // memory.loss_tile_tokens: auto, for an LM head of [vocab, width] (kernels/op_scratch.h).
+  virtual int64_t auto_loss_tile_tokens(int64_t vocab, int64_t width) const;
 
   MemoryTracker& memory() { return memory_; }
   const MemoryTracker& memory() const { return memory_; }
@@ -287,13 +304,17 @@ class DeviceUnavailableError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// attention cudnn needs the cuda device (std::invalid_argument otherwise). Throws
+// attention cudnn needs the cuda device (std::invalid_argument otherwise) and automatic is
+// refused (resolve it with choose_attention first). Throws
 // DeviceUnavailableError when the device is not available in this build or on this machine.
 std::unique_ptr<Backend> make_backend(BackendKind device, int64_t memory_limit_bytes,
                                       AttentionKernel attention = AttentionKernel::native);
 
 // True when this binary was built with the CUDA backend.
 bool cuda_backend_compiled();
+// The cuDNN library this process loads, as cudnnGetVersion() (e.g. 91900); 0 when the build
+// has no cuDNN. Needs no GPU.
+int64_t cudnn_loaded_version();
 // GPUs this process can see: 0 without the CUDA backend or when CUDA reports an error.
 int cuda_devices_visible();
 

@@ -59,6 +59,16 @@ Buffer cudnn_workspace(Backend& backend, int64_t bytes, const char* what) {
   return backend.alloc(MemCategory::workspace, DType::i32, {(bytes + 3) / 4}, what);
 }
 
+int64_t device_loss_tile_tokens(int64_t vocab, int64_t width, int64_t memory_limit_bytes) {
+  const int64_t bf16_bytes = 2;
+  const int64_t bytes_per_row = vocab * (4 + bf16_bytes) + 2 * width * bf16_bytes;
+  int64_t tile = kHostLossTileTokens;
+  while (tile < kDeviceLossTileTokensMax &&
+         (memory_limit_bytes == 0 || 2 * tile * bytes_per_row <= memory_limit_bytes / 128))
+    tile *= 2;
+  return tile;
+}
+
 LossScratch lm_head_loss_scratch(Backend& backend, BackendKind kind, int64_t counted, int64_t tile,
                                  int64_t vocab, int64_t width, DType dtype, bool with_grad) {
   LossScratch s;

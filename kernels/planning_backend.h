@@ -22,6 +22,10 @@ class PlanningBackend final : public Backend {
   std::string name() const override;
   DType compute_dtype() const override { return compute_dtype_of(kind_); }
   void set_num_threads(int threads) override { threads_ = threads; }
+  int64_t auto_loss_tile_tokens(int64_t vocab, int64_t width) const override {
+    return kind_ == BackendKind::cuda ? device_loss_tile_tokens(vocab, width, memory().limit())
+                                      : Backend::auto_loss_tile_tokens(vocab, width);
+  }
   // Whether a cuDNN workspace was charged at its bound (docs/memory.md, "The planner").
   bool used_workspace_bound() const { return used_workspace_bound_; }
 

@@ -77,7 +77,10 @@ const std::vector<BadConfig> kBadConfigs = {
      "train.lr = 0.001 (config.yaml:2)"},
     {"no layers", "model:\n  n_layers: 0\n", "model.n_layers", 2, ">= 1"},
     {"zero d_model", "model:\n  d_model: 0\n", "model.d_model", 2, ">= 1"},
-    {"zero loss tile", "memory:\n  loss_tile_tokens: 0\n", "memory.loss_tile_tokens", 2, ">= 1"},
+    {"negative loss tile", "memory:\n  loss_tile_tokens: -1\n", "memory.loss_tile_tokens", 2,
+     ">= 0"},
+    {"auto where 0 resolves nothing", "train:\n  grad_clip: auto\n", "train.grad_clip", 2,
+     "expected a number, got 'auto'"},
     {"negative memory limit", "memory:\n  limit_gib: -2\n", "memory.limit_gib", 2,
      "must be 0 or between 1e-06"},
     {"log every zero", "log:\n  every: 0\n", "log.every", 2, ">= 1"},
@@ -343,6 +346,18 @@ TEST(Config, DefaultsThatDependOnOtherKeys) {
   EXPECT_EQ(explicit_values.model.max_seq_len, 4096);
 }
 
+TEST(Config, AutoSpellsTheZeroThatAKeyResolves) {
+  Config config =
+      parse_config("model:\n  n_heads: 8\n  n_kv_heads: auto\nmemory:\n  loss_tile_tokens: auto\n",
+                   {}, "c.yaml");
+  EXPECT_EQ(config.model.n_kv_heads, 8);
+  EXPECT_EQ(config.memory.loss_tile_tokens, 0);
+  EXPECT_EQ(parse_config("", {"memory.loss_tile_tokens=auto"}, "c.yaml").memory.loss_tile_tokens,
+            0);
+  EXPECT_EQ(parse_config("", {"memory.loss_tile_tokens=512"}, "c.yaml").memory.loss_tile_tokens,
+            512);
+}
+
 TEST(Config, ResolvedYamlParsesBackToTheSameConfig) {
   const std::string yaml = R"(device: cpu
 model:
@@ -444,7 +459,7 @@ log:
   EXPECT_EQ(back.memory.tiled_mlp, "false");
   EXPECT_EQ(back.memory.loss_tile_tokens, 128);
   EXPECT_EQ(back.memory.limit_gib, 1.5);
-  EXPECT_EQ(name_of(back.kernels.attention), "native");
+  EXPECT_EQ(name_of(back.kernels.attention), "auto");
   EXPECT_EQ(back.log.every, 5);
   EXPECT_EQ(back.log.metrics_file, "metrics.jsonl");
   EXPECT_EQ(back.log.trace_file, "trace.json");

@@ -2,6 +2,9 @@
 // the deterministic column reductions that weight gradients use.
 #include <nvtx3/nvToolsExt.h>
 #include <omp.h>
+#ifdef ULYSSES_WITH_CUDNN
+#include <cudnn.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -80,6 +83,14 @@ int cuda_device_count() {
     return 0;
   }
   return count;
+}
+
+int64_t cuda_cudnn_version() {
+#ifdef ULYSSES_WITH_CUDNN
+  return int64_t(cudnnGetVersion());
+#else
+  return 0;
+#endif
 }
 
 CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKernel attention)

@@ -34,4 +34,7 @@ CudaTimeline& cuda_backend_timeline(Backend& backend);
 // GPUs this process can see (0 when CUDA reports an error).
 int cuda_device_count();
 
+// cudnnGetVersion() of the library this process loads; 0 when this build has no cuDNN.
+int64_t cuda_cudnn_version();
+
 }  // namespace ulysses

@@ -32,6 +32,9 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cuda); }
   void set_num_threads(int threads) override;
+  int64_t auto_loss_tile_tokens(int64_t vocab, int64_t width) const override {
+    return device_loss_tile_tokens(vocab, width, memory().limit());
+  }
   cudaStream_t stream() const { return stream_; }
   CudaTimeline& timeline() { return *timeline_; }
   int device() const { return device_; }

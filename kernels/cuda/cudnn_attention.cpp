@@ -44,8 +44,6 @@ void require_supported(const Tensor& q, const Tensor& k, std::initializer_list<c
                                   ": kernels.attention: cudnn needs 16-byte aligned tensors");
 }
 
-constexpr size_t kMinimumVersion = 91600;
-
 // The deterministic backward keeps dP in its workspace on some GPUs (O(T²)); above this it
 // gives way to cuDNN's default, so that attention memory stays O(T·d).
 int64_t deterministic_workspace_limit(const AttentionShape& s) {
@@ -72,7 +70,7 @@ CudnnAttention::CudnnAttention(Backend& backend, cudaStream_t stream)
   // The graphs are the ones cudnn-frontend builds for runtimes from 9.16 on; older ones need
   // other masks and workarounds.
   const size_t version = cudnnGetVersion();
-  if (version < kMinimumVersion)
+  if (version < size_t(kCudnnAttentionMinimumVersion))
     throw std::runtime_error(
         "kernels.attention: cudnn needs cuDNN 9.16 or newer at run time, "
         "but the loaded library is " +
