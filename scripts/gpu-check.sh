@@ -147,8 +147,9 @@ def ulysses(seq, attention, checkpointing, steps):
     steps_seen = [json.loads(l) for l in open(metrics) if '"tokens_per_s"' in l]
     # The last step: the first pays for cuBLASLt plans, cuDNN graphs and the memory pool.
     last = steps_seen[-1]
-    last["startup"] = next((l.split("]")[-1].strip() for l in text.splitlines()
-                            if "parameters" in l), "")
+    # Where the time before the first step went, and what the first steps built.
+    last["startup"] = [l.split("]", 1)[-1].strip() for l in text.splitlines()
+                       if "startup:" in l or " built " in l]
     return last
 
 
@@ -196,7 +197,9 @@ for seq in (8192, 32768):
             f"{peer['tokens_per_s']:,.0f}" if peer else "-",
             gib(peer["peak_bytes"]) if peer else "-",
             f"{tps / peer['tokens_per_s']:.2f}x" if peer else "-"])
-        print(f"   {label} {seq}: {table[-1][2]} tokens/s ({result['startup']})", flush=True)
+        print(f"   {label} {seq}: {table[-1][2]} tokens/s", flush=True)
+        for line in result["startup"]:
+            print(f"      {line}", flush=True)
 
 header = ["run", "tokens", "tok/s", "step ms", "MFU", "busy", "peak tracked", "planned",
           "torch tok/s", "torch peak", "vs torch"]
