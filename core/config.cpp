@@ -204,6 +204,12 @@ const std::vector<Field>& fields() {
 
       {ULYSSES_KEY(parallel.sp), at_least(1), "divides the world, `n_heads` and `seq_len`",
        "ranks per sequence-parallel group; the rest of the world is data parallel"},
+      {ULYSSES_KEY(parallel.ring), at_least(1),
+       "divides `sp`; `n_heads` and `n_kv_heads` rules apply to `sp / ring`; `2·ring` divides "
+       "`seq_len`; cpu only",
+       "ring attention inside each sp group (docs/parallelism.md, \"Ulysses × ring\"): sp/ring "
+       "Ulysses ranks (contiguous) × ring ranks; K/V blocks travel the ring, zigzag-split for "
+       "causal balance. Lifts sp past the head count"},
       {ULYSSES_KEY(parallel.zero_stage), between(0, 3), "",
        "state sharded over the whole dp×sp world (docs/memory.md): 0 replicated, gradients "
        "all-reduced; 1 AdamW moments and fp32 master weights sharded, gradients "
@@ -1138,23 +1144,59 @@ void validate_for_world(const Config& config, int world_size) {
                       std::to_string(world_size) + " ranks of the job; sp can be " +
                       join_choices(divisors_of(world_size)));
   }
-  if (n_heads % sp != 0) {
-    throw ConfigError("model.n_heads=" + std::to_string(n_heads) +
-                      " is not divisible by parallel.sp=" + std::to_string(sp) + "; sp can be " +
-                      join_choices(divisors_of(n_heads)));
-  }
-  if (n_kv_heads % sp != 0 && sp % n_kv_heads != 0) {
+  const int ring = config.parallel.ring;
+  if (sp % ring != 0)
+    throw ConfigError("parallel.ring=" + std::to_string(ring) + " does not divide parallel.sp=" +
+                      std::to_string(sp) + "; ring can be " + join_choices(divisors_of(sp)));
+  if (ring > 1 && config.device != Device::cpu)
+    throw ConfigError("parallel.ring=" + std::to_string(ring) +
+                      " needs device: cpu; block attention, which ring attention runs on, "
+                      "exists on the cpu backend only (docs/parallelism.md, \"Ulysses × ring\")");
+  if (ring > 1 && config.train.seq_len % (2 * ring) != 0)
+    throw ConfigError("train.seq_len=" + std::to_string(config.train.seq_len) +
+                      " is not divisible by 2 * parallel.ring=" + std::to_string(2 * ring) +
+                      "; the zigzag split cuts each sequence into 2·ring equal chunks");
+  // The head rules bind the Ulysses degree sp / ring only (heads are not split by the ring).
+  const int ulysses = sp / ring;
+  const auto heads_fit = [&](int u) {
+    return n_heads % u == 0 && (n_kv_heads % u == 0 || u % n_kv_heads == 0);
+  };
+  if (ring > 1 && !heads_fit(ulysses)) {
     std::vector<std::string> working;
-    for (int candidate = 1; candidate <= n_heads; ++candidate) {
-      if (n_heads % candidate == 0 && world_size % candidate == 0 &&
-          (n_kv_heads % candidate == 0 || candidate % n_kv_heads == 0))
-        working.push_back(std::to_string(candidate));
+    for (int r = 1; r <= sp; ++r)
+      if (sp % r == 0 && heads_fit(sp / r))
+        working.push_back("(" + std::to_string(sp / r) + ", " + std::to_string(r) + ")");
+    throw ConfigError(
+        "model.n_heads=" + std::to_string(n_heads) +
+        " and model.n_kv_heads=" + std::to_string(n_kv_heads) +
+        " do not fit the Ulysses degree sp/ring=" + std::to_string(sp) + "/" +
+        std::to_string(ring) +
+        ": it must divide n_heads, and kv heads are split when n_kv_heads % (sp/ring) == 0 or "
+        "replicated when (sp/ring) % n_kv_heads == 0; the (sp/ring, ring) pairs that work for "
+        "sp=" +
+        std::to_string(sp) + " are " +
+        (working.empty() ? std::string("none") : join_choices(working)) +
+        " (parallel.ring splits the sequence without splitting heads)");
+  }
+  if (ring == 1) {
+    if (n_heads % sp != 0) {
+      throw ConfigError("model.n_heads=" + std::to_string(n_heads) +
+                        " is not divisible by parallel.sp=" + std::to_string(sp) + "; sp can be " +
+                        join_choices(divisors_of(n_heads)));
     }
-    throw ConfigError("model.n_kv_heads=" + std::to_string(n_kv_heads) +
-                      " and parallel.sp=" + std::to_string(sp) +
-                      " do not fit: kv heads are split over the sp ranks when n_kv_heads % sp "
-                      "== 0, or replicated when sp % n_kv_heads == 0, and neither holds; on " +
-                      std::to_string(world_size) + " ranks sp can be " + join_choices(working));
+    if (n_kv_heads % sp != 0 && sp % n_kv_heads != 0) {
+      std::vector<std::string> working;
+      for (int candidate = 1; candidate <= n_heads; ++candidate) {
+        if (n_heads % candidate == 0 && world_size % candidate == 0 &&
+            (n_kv_heads % candidate == 0 || candidate % n_kv_heads == 0))
+          working.push_back(std::to_string(candidate));
+      }
+      throw ConfigError("model.n_kv_heads=" + std::to_string(n_kv_heads) +
+                        " and parallel.sp=" + std::to_string(sp) +
+                        " do not fit: kv heads are split over the sp ranks when n_kv_heads % sp "
+                        "== 0, or replicated when sp % n_kv_heads == 0, and neither holds; on " +
+                        std::to_string(world_size) + " ranks sp can be " + join_choices(working));
+    }
   }
   if (config.train.seq_len % sp != 0) {
     int below = config.train.seq_len / sp * sp;
@@ -1170,26 +1212,31 @@ void validate_for_world(const Config& config, int world_size) {
                         std::to_string(stage.first_step) + " has length " +
                         std::to_string(stage.seq_len) + ", not divisible by parallel.sp=" +
                         std::to_string(sp) + "; every rank holds an equal slice");
+    if (stage.seq_len % (2 * ring) != 0)
+      throw ConfigError("train.seq_len_schedule: the stage at step " +
+                        std::to_string(stage.first_step) + " has length " +
+                        std::to_string(stage.seq_len) + ", not divisible by 2 * parallel.ring=" +
+                        std::to_string(2 * ring) + "; the zigzag split cuts it into 2·ring chunks");
   }
-  const int heads_per_rank = n_heads / sp;
-  const std::vector<int> chunks = valid_head_chunks(n_heads, n_kv_heads, sp);
+  const int heads_per_rank = n_heads / ulysses;
+  const std::vector<int> chunks = valid_head_chunks(n_heads, n_kv_heads, ulysses);
   if (std::find(chunks.begin(), chunks.end(), config.parallel.head_chunks) == chunks.end()) {
     std::vector<std::string> valid;
     for (int u : chunks) valid.push_back(std::to_string(u));
     const bool divides = heads_per_rank % config.parallel.head_chunks == 0;
-    throw ConfigError("parallel.head_chunks=" + std::to_string(config.parallel.head_chunks) +
-                      (divides
-                           ? " splits the " + std::to_string(heads_per_rank) +
-                                 " heads per rank into stages of " +
-                                 std::to_string(heads_per_rank / config.parallel.head_chunks) +
-                                 ", which neither hold whole groups of the " +
-                                 std::to_string(n_heads / n_kv_heads) +
-                                 " query heads per kv head nor lie inside one (model.n_kv_heads=" +
-                                 std::to_string(n_kv_heads) + ")"
-                           : " does not divide the " + std::to_string(heads_per_rank) +
-                                 " heads per rank (model.n_heads=" + std::to_string(n_heads) +
-                                 " / parallel.sp=" + std::to_string(sp) + ")") +
-                      "; head_chunks can be " + join_choices(valid));
+    throw ConfigError(
+        "parallel.head_chunks=" + std::to_string(config.parallel.head_chunks) +
+        (divides
+             ? " splits the " + std::to_string(heads_per_rank) + " heads per rank into stages of " +
+                   std::to_string(heads_per_rank / config.parallel.head_chunks) +
+                   ", which neither hold whole groups of the " +
+                   std::to_string(n_heads / n_kv_heads) +
+                   " query heads per kv head nor lie inside one (model.n_kv_heads=" +
+                   std::to_string(n_kv_heads) + ")"
+             : " does not divide the " + std::to_string(heads_per_rank) +
+                   " heads per rank (model.n_heads=" + std::to_string(n_heads) +
+                   " / (parallel.sp / parallel.ring)=" + std::to_string(ulysses) + ")") +
+        "; head_chunks can be " + join_choices(valid));
   }
 }
 

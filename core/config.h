@@ -142,6 +142,9 @@ struct TrainConfig {
 
 struct ParallelConfig {
   int sp = 1;
+  // Ring attention's degree inside each sp group: sp/ring Ulysses ranks × ring ring ranks
+  // (docs/parallelism.md, "Ulysses × ring").
+  int ring = 1;
   int zero_stage = 0;
   int head_chunks = 1;
   bool overlap = false;
@@ -166,7 +169,7 @@ struct MemoryConfig {
   // Layer inputs kept for the recompute live in host memory (with layer checkpointing).
   bool offload_checkpoints = false;
   int loss_tile_tokens = 0;  // 0: auto (kernels/op_scratch.h)
-  double limit_gib = 0.0;  // 0 = unlimited (cpu)
+  double limit_gib = 0.0;    // 0 = unlimited (cpu)
 };
 
 struct KernelsConfig {

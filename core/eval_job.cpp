@@ -41,7 +41,8 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   const Config& config = job.config;
   const TrainConfig& train = config.train;
   const int64_t seq_local = train.seq_len / job.mesh.sp_size;
-  Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, train.batch_size, seq_local);
+  Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, train.batch_size, seq_local,
+              ring_comms(job.mesh));
   std::string weights;
   {
     Watchdog::SlowWork slow(job.watchdog.get(), "loading the weights");

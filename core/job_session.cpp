@@ -140,7 +140,7 @@ void connect_job(JobSession& job, Comm& world) {
       spdlog::info("device buffers between ranks: {} ({})", choice.nccl ? "NCCL" : "MPI staged",
                    choice.reason);
   }
-  job.mesh = make_mesh(*compute_world, job.config.parallel.sp);
+  job.mesh = make_mesh(*compute_world, job.config.parallel.sp, job.config.parallel.ring);
   set_threads(*job.backend, cores, job.progress_thread);
 }
 

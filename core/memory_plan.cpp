@@ -16,12 +16,14 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
                        config.model.d_model / config.model.n_heads, cudnn_loaded_version())
           .kernel;
   PlanningBackend backend(config.device, attention, cpu_threads);
-  PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp);
+  PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
   Trainer trainer(config, backend, planned.mesh);
   MemoryPlan plan;
   plan.persistent = backend.memory().stats().current;
-  const std::vector<const Comm*> comms = {planned.mesh.world, planned.mesh.sp.get(),
-                                          planned.mesh.dp.get()};
+  std::vector<const Comm*> comms = {planned.mesh.world, planned.mesh.sp.get(),
+                                    planned.mesh.dp.get()};
+  if (planned.mesh.ring)
+    comms.insert(comms.end(), {planned.mesh.ulysses.get(), planned.mesh.ring.get()});
   const CommStats before = sum_stats(comms);
   trainer.plan_step();
   const CommStats after = sum_stats(comms);
@@ -36,6 +38,7 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
     plan.largest_unit = std::max(plan.largest_unit, unit.numel());
   plan.shard_numel = state.layout().shard_numel();
   plan.all_to_all_bytes = after.all_to_all_bytes - before.all_to_all_bytes;
+  plan.ring_bytes = after.p2p_bytes - before.p2p_bytes;
   plan.grad_comm_bytes =
       after.reduce_bytes + after.gather_bytes - before.reduce_bytes - before.gather_bytes;
   plan.host_checkpoints = stats.peak[int(MemCategory::checkpoints_host)];

@@ -27,6 +27,7 @@ struct MemoryPlan {
   int64_t zero_units = 0, largest_unit = 0, shard_numel = 0;
   // Bytes this rank sends in a step: all-to-all (Ulysses), and gradient/weight collectives.
   int64_t all_to_all_bytes = 0;
+  int64_t ring_bytes = 0;  // ring attention's point to point (parallel.ring > 1)
   int64_t grad_comm_bytes = 0;
   // Host memory per rank, untracked by the device budget.
   int64_t host_checkpoints = 0;  // memory.offload_checkpoints (checkpoints_host)

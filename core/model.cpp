@@ -18,7 +18,7 @@ int64_t bucket_elements(double bucket_mb) {
 }  // namespace
 
 Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world, int64_t batch,
-             int64_t seq_local)
+             int64_t seq_local, RingComms ring)
     : model_config_(config.model),
       memory_(config.memory),
       backend_(backend),
@@ -32,8 +32,9 @@ Model::Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world,
              shard_unit_ends(table_, bucket_elements(config.parallel.bucket_mb)),
              config.parallel.prefetch ? 2 : 1),
       prefetch_(config.parallel.prefetch),
-      attention_(backend, sp_comm, config.model.n_heads, config.model.n_kv_heads,
-                 config.model.head_dim(), config.parallel.head_chunks),
+      attention_(backend, ring.ulysses ? *ring.ulysses : sp_comm, config.model.n_heads,
+                 config.model.n_kv_heads, config.model.head_dim(), config.parallel.head_chunks,
+                 ring.ring),
       block_(config.model, config.memory, config.parallel.overlap, backend, attention_),
       recompute_(config.memory.activation_checkpointing == ActivationCheckpointing::layer),
       offload_moves_(recompute_ && config.memory.offload_checkpoints &&

@@ -13,6 +13,7 @@
 #include "core/unit_pipeline.h"
 #include "kernels/backend.h"
 #include "parallel/comm.h"
+#include "parallel/mesh.h"
 #include "parallel/ulysses_attention.h"
 #include "parallel/zero_state.h"
 
@@ -33,8 +34,10 @@ class Model {
   // Allocates the training state, sharded over `world` as parallel.zero_stage says (units
   // of at most parallel.bucket_mb), and the activations for micro-batches of `batch`
   // sequences of seq_local tokens; sp_comm is this rank's sequence-parallel group.
+  // With ring comms (parallel.ring > 1) attention's all-to-alls run over ring.ulysses and its
+  // ring attention over ring.ring; sp_comm still places this rank's tokens.
   Model(const Config& config, Backend& backend, Comm& sp_comm, Comm& world, int64_t batch,
-        int64_t seq_local);
+        int64_t seq_local, RingComms ring = {});
 
   const ParamTable& table() const { return table_; }
   int64_t num_params() const { return table_.total_numel(); }

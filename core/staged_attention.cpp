@@ -165,8 +165,8 @@ void staged_attention_forward(Backend& backend, UlyssesAttention& attention,
     {
       Profiler::Scope compute(backend.profiler(), phase::kAttentionForward, Profiler::Kind::compute,
                               0, stage_attention_flops(B, N, hs, d));
-      backend.attention_forward(stage_out, lse.slice_rows(stage, stage + 1).reshape({B, hs, N}),
-                                heads.q, heads.k, heads.v);
+      attention.local_forward(stage_out, lse.slice_rows(stage, stage + 1).reshape({B, hs, N}),
+                              heads.q, heads.k, heads.v);
     }
     heads = StageHeads();
     attention.finish(previous_out);
@@ -214,8 +214,8 @@ void staged_attention_backward(Backend& backend, UlyssesAttention& attention,
     {
       Profiler::Scope compute(backend.profiler(), phase::kAttentionBackward,
                               Profiler::Kind::compute, 0, 2.5 * stage_attention_flops(B, N, hs, d));
-      backend.attention_backward(dq, dk, dv, stage_dout, heads.q, heads.k, heads.v, stage_out,
-                                 lse.slice_rows(stage, stage + 1).reshape({B, hs, N}));
+      attention.local_backward(dq, dk, dv, stage_dout, heads.q, heads.k, heads.v, stage_out,
+                               lse.slice_rows(stage, stage + 1).reshape({B, hs, N}));
     }
     heads = StageHeads();
     stage_out.reset();

@@ -13,8 +13,9 @@ namespace {
 
 // Phases spent waiting on other ranks, computing, and on everything else.
 bool is_wait(const std::string& name) {
-  return name == phase::kAllToAllWait || name == phase::kWeightGatherWait ||
-         name == phase::kGradientReductionWait || name == phase::kScalarAllReduce;
+  return name == phase::kAllToAllWait || name == phase::kRingWait ||
+         name == phase::kWeightGatherWait || name == phase::kGradientReductionWait ||
+         name == phase::kScalarAllReduce;
 }
 
 bool is_overhead(const std::string& name) {
@@ -51,6 +52,7 @@ const std::vector<std::string>& step_phases() {
                                                   phase::kQkvProjection,
                                                   phase::kAllToAllCopies,
                                                   phase::kAllToAllWait,
+                                                  phase::kRingWait,
                                                   phase::kAttentionForward,
                                                   phase::kAttentionBackward,
                                                   phase::kOutputProjection,
@@ -263,6 +265,7 @@ std::string RunProfile::table(Comm& world) const {
   std::vector<std::string> rows = phases;
   const size_t step_row = rows.size();
   rows.push_back("");
+  rows.push_back(phase::kRingInFlight);  // beside the compute, as the streams below
   if (device) rows.insert(rows.end(), {phase::kCollectivesStream, phase::kTransferStream});
   const size_t n = rows.size();
   const double steps = double(std::max<int64_t>(steps_, 1));
@@ -321,8 +324,8 @@ std::string RunProfile::table(Comm& world) const {
 
 ProfileTotals RunProfile::mean_over_ranks(Comm& world) const {
   std::vector<std::string> names = step_phases();
-  names.insert(names.end(),
-               {phase::kAllToAllInFlight, phase::kCollectivesStream, phase::kTransferStream});
+  names.insert(names.end(), {phase::kAllToAllInFlight, phase::kRingInFlight,
+                             phase::kCollectivesStream, phase::kTransferStream});
   constexpr size_t kValues = 4;  // seconds, host seconds, busy seconds, bytes
   std::vector<double> values;
   for (const std::string& name : names) {

@@ -76,8 +76,8 @@ void Trainer::build_model(const SeqLenStage& stage) {
   seq_len_ = stage.seq_len;
   batch_size_ = stage.batch_size;
   seq_local_ = seq_len_ / mesh_.sp_size;
-  model_ =
-      std::make_unique<Model>(config_, backend_, *mesh_.sp, *mesh_.world, batch_size_, seq_local_);
+  model_ = std::make_unique<Model>(config_, backend_, *mesh_.sp, *mesh_.world, batch_size_,
+                                   seq_local_, ring_comms(mesh_));
 }
 
 void Trainer::open_data() {
@@ -428,6 +428,10 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
                            {"all_to_all_s", comm.all_to_all_seconds},
                            {"grad_comm_bytes", comm.reduce_bytes + comm.gather_bytes},
                            {"grad_comm_s", comm.reduce_seconds + comm.gather_seconds}};
+    if (mesh_.ring) {  // parallel.ring > 1: ring attention's point to point
+      line["ring_p2p_bytes"] = comm.p2p_bytes;
+      line["ring_p2p_s"] = comm.p2p_seconds;
+    }
     if (r.accuracy >= 0) line["accuracy"] = r.accuracy;
     if (r.skipped) line["skipped"] = true;
     if (r.spike) line["spike"] = true;
@@ -460,6 +464,7 @@ void Trainer::run() {
   if (mesh_.world->rank() == 0)
     metrics_ = std::make_unique<MetricsWriter>(config_.log.metrics_file, step_ > 0);
   std::vector<const Comm*> comms = {mesh_.world, mesh_.sp.get(), mesh_.dp.get()};
+  if (mesh_.ring) comms.insert(comms.end(), {mesh_.ulysses.get(), mesh_.ring.get()});
   if (step_ >= train.steps) {
     if (mesh_.world->rank() == 0)
       spdlog::info("checkpoint at step {}, train.steps is {}: nothing to train", step_,
@@ -484,7 +489,8 @@ void Trainer::run() {
       profiler.set_trace(false);
     }
     CommStats comm = sum_stats(comms) - before;
-    double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
+    double comm_seconds =
+        comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds + comm.p2p_seconds;
     log_step(result, comm, comm_seconds, phases, readback_seconds);
     const std::string plans = backend_.take_plans_built();
     if (!plans.empty() && mesh_.world->rank() == 0)

@@ -194,6 +194,43 @@ void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tenso
   attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse);
 }
 
+void Backend::attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                      const Tensor& k, const Tensor& v, int64_t q_first,
+                                      int64_t k_first, bool merge) {
+  contracts::check_attention_forward(out, lse, q, k, v);
+  contracts::check_block_positions(q_first, k_first, "attention_block_forward");
+  require_apart("attention_block_forward", {{out, "out"}, {lse, "lse"}},
+                {{q, "q"}, {k, "k"}, {v, "v"}});
+  attention_block_forward_impl(out, lse, q, k, v, q_first, k_first, merge);
+}
+
+void Backend::attention_block_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                       const Tensor& dout, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,
+                                       int64_t q_first, int64_t k_first) {
+  contracts::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+  contracts::check_block_positions(q_first, k_first, "attention_block_backward");
+  require_apart("attention_block_backward", {{dq, "dq"}, {dk, "dk"}, {dv, "dv"}},
+                {{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
+  attention_block_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first);
+}
+
+void Backend::attention_block_forward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&, int64_t, int64_t, bool) {
+  throw std::invalid_argument("attention_block_forward: the " + name() +
+                              " backend has no block attention; ring attention (parallel.ring "
+                              "> 1) runs on the cpu backend");
+}
+
+void Backend::attention_block_backward_impl(const Tensor&, const Tensor&, const Tensor&,
+                                            const Tensor&, const Tensor&, const Tensor&,
+                                            const Tensor&, const Tensor&, const Tensor&, int64_t,
+                                            int64_t) {
+  throw std::invalid_argument("attention_block_backward: the " + name() +
+                              " backend has no block attention; ring attention (parallel.ring "
+                              "> 1) runs on the cpu backend");
+}
+
 LossResult Backend::lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                  int64_t tile_rows, float grad_scale, const Tensor& dhidden,
                                  const Tensor& dweight) {

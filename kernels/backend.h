@@ -224,6 +224,25 @@ class Backend {
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse);
 
+  // One block of attention, for ring attention (docs/parallelism.md, "Ulysses × ring"): the
+  // same shapes, but query i sits at position q_first + i and key j at k_first + j, and key j
+  // is visible from query i when attention_visible(q_first + i, k_first + j). A query that
+  // sees no key of the block gets out 0 and lse −inf. merge = false overwrites out and lse;
+  // merge = true combines this block's result with the one they hold (an earlier block over
+  // the same queries) by log-sum-exp in f32: lse = log(e^lse + e^lse_block),
+  // out = out·e^(lse_old − lse) + out_block·e^(lse_block − lse).
+  // attention_forward is attention_block_forward(out, lse, q, k, v, 0, 0, false).
+  void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                               const Tensor& k, const Tensor& v, int64_t q_first, int64_t k_first,
+                               bool merge);
+  // dq += , dk += , dv += this block's share of the gradient; out and lse are those of the
+  // whole attention (every block merged), so P = exp(S − lse) is the block's part of the
+  // softmax.
+  void attention_block_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const Tensor& dout, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const Tensor& lse,
+                                int64_t q_first, int64_t k_first);
+
   // ---- fused LM head + cross-entropy ---------------------------------------------------
   // hidden[R, C], weight[V, C], targets[R] (i32, < 0 = not counted). Works over tiles of
   // tile_rows rows so that [R, V] logits never exist. When dhidden is not empty:
@@ -280,6 +299,15 @@ class Backend {
   virtual void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                        const Tensor& dout, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& out, const Tensor& lse) = 0;
+  // Block attention is the cpu backend's only (the cuda kernels are causal over one sequence):
+  // these defaults refuse it with a message that names the backend.
+  virtual void attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                            const Tensor& k, const Tensor& v, int64_t q_first,
+                                            int64_t k_first, bool merge);
+  virtual void attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                             const Tensor& dout, const Tensor& q, const Tensor& k,
+                                             const Tensor& v, const Tensor& out, const Tensor& lse,
+                                             int64_t q_first, int64_t k_first);
   virtual LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
                                        const Tensor& targets, int64_t tile_rows, float grad_scale,
                                        const Tensor& dhidden, const Tensor& dweight) = 0;
@@ -296,6 +324,12 @@ class Backend {
   int64_t uploads_issued_ = 0;
   Profiler profiler_;
 };
+
+// The one masking rule of attention, kept as one predicate so that another mask (packed
+// documents) joins it in one place: key position k is visible from query position q.
+inline bool attention_visible(int64_t q, int64_t k) {
+  return k <= q;
+}
 
 // The device asked for is not there: a build without CUDA, or no usable GPU. Every rank
 // sees the same, so the binary treats it like a config error (exit status 2).

@@ -221,6 +221,13 @@ void check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   check_attention(out, lse, q, k, v, "attention_forward");
 }
 
+void check_block_positions(int64_t q_first, int64_t k_first, const char* op) {
+  if (q_first < 0 || k_first < 0)
+    throw std::invalid_argument(std::string(op) + ": block positions must be >= 0, got q_first " +
+                                std::to_string(q_first) + " and k_first " +
+                                std::to_string(k_first));
+}
+
 void check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse) {

@@ -53,6 +53,8 @@ void check_gelu_forward(const Tensor& out, const Tensor& x);
 void check_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x);
 void check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                              const Tensor& v);
+// The positions of a block's first query and first key: both >= 0.
+void check_block_positions(int64_t q_first, int64_t k_first, const char* op);
 void check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse);

@@ -58,6 +58,28 @@ void PlanningBackend::attention_backward_impl(const Tensor&, const Tensor&, cons
   }
 }
 
+// Block attention runs on the cpu backend only (kernels/backend.h): the same scratch as the
+// whole attention's; cuda is refused as a run would refuse it.
+void PlanningBackend::attention_block_forward_impl(const Tensor& out, const Tensor& lse,
+                                                   const Tensor& q, const Tensor& k,
+                                                   const Tensor& v, int64_t q_first,
+                                                   int64_t k_first, bool merge) {
+  if (kind_ != BackendKind::cpu)
+    Backend::attention_block_forward_impl(out, lse, q, k, v, q_first, k_first, merge);
+  attention_forward_impl(out, lse, q, k, v);
+}
+
+void PlanningBackend::attention_block_backward_impl(const Tensor& dq, const Tensor& dk,
+                                                    const Tensor& dv, const Tensor& dout,
+                                                    const Tensor& q, const Tensor& k,
+                                                    const Tensor& v, const Tensor& out,
+                                                    const Tensor& lse, int64_t q_first,
+                                                    int64_t k_first) {
+  if (kind_ != BackendKind::cpu)
+    Backend::attention_block_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first);
+  attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse);
+}
+
 LossResult PlanningBackend::lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
                                               const Tensor&, int64_t tile_rows, float,
                                               const Tensor& dhidden, const Tensor&) {

@@ -25,6 +25,7 @@ inline constexpr const char* kEmbedding = "embedding";
 inline constexpr const char* kQkvProjection = "qkv projection";
 inline constexpr const char* kAllToAllCopies = "all-to-all copies";
 inline constexpr const char* kAllToAllWait = "all-to-all wait";
+inline constexpr const char* kRingWait = "ring p2p wait";  // parallel.ring > 1
 inline constexpr const char* kAttentionForward = "attention forward";
 inline constexpr const char* kAttentionBackward = "attention backward";
 inline constexpr const char* kOutputProjection = "output projection";
@@ -37,6 +38,7 @@ inline constexpr const char* kScalarAllReduce = "scalar all-reduce";
 inline constexpr const char* kOptimizer = "optimizer";
 // Spans of collectives from issue to completion (kCommTrack); they overlap the phases above.
 inline constexpr const char* kAllToAllInFlight = "all-to-all (in flight)";
+inline constexpr const char* kRingInFlight = "ring p2p (in flight)";
 inline constexpr const char* kWeightGatherInFlight = "weight gather (in flight)";
 inline constexpr const char* kGradientReductionInFlight = "gradient reduction (in flight)";
 // What the device's other streams ran (device timeline only); they overlap the phases too.

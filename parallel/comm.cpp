@@ -1,5 +1,7 @@
 #include "parallel/comm.h"
 
+#include <stdexcept>
+
 namespace ulysses {
 
 CommStats& CommStats::operator+=(const CommStats& other) {
@@ -9,6 +11,8 @@ CommStats& CommStats::operator+=(const CommStats& other) {
   reduce_seconds += other.reduce_seconds;
   gather_bytes += other.gather_bytes;
   gather_seconds += other.gather_seconds;
+  p2p_bytes += other.p2p_bytes;
+  p2p_seconds += other.p2p_seconds;
   calls += other.calls;
   return *this;
 }
@@ -21,8 +25,16 @@ CommStats CommStats::operator-(const CommStats& before) const {
   d.reduce_seconds = reduce_seconds - before.reduce_seconds;
   d.gather_bytes = gather_bytes - before.gather_bytes;
   d.gather_seconds = gather_seconds - before.gather_seconds;
+  d.p2p_bytes = p2p_bytes - before.p2p_bytes;
+  d.p2p_seconds = p2p_seconds - before.p2p_seconds;
   d.calls = calls - before.calls;
   return d;
+}
+
+CommHandle Comm::send_recv_async(const Tensor&, int, const Tensor&, int, int) {
+  throw std::invalid_argument("communicator '" + name() +
+                              "' has no point-to-point transfers: ring attention "
+                              "(parallel.ring > 1) runs on the cpu backend over MPI only");
 }
 
 namespace {

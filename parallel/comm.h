@@ -24,6 +24,8 @@ struct CommStats {
   double reduce_seconds = 0.0;
   int64_t gather_bytes = 0;  // all-gather, broadcast
   double gather_seconds = 0.0;
+  int64_t p2p_bytes = 0;  // point to point (ring attention)
+  double p2p_seconds = 0.0;
   int64_t calls = 0;
 
   // Field by field: the counters of several communicators together, and what happened
@@ -89,6 +91,13 @@ class Comm {
   // recv has size()·send.numel() elements, block r from rank r.
   virtual CommHandle all_gather_async(const Tensor& send, const Tensor& recv) = 0;
   void all_gather(const Tensor& send, const Tensor& recv) { all_gather_async(send, recv)->wait(); }
+
+  // Point to point (ring attention, docs/parallelism.md "Ulysses × ring"): sends `send` to
+  // rank dest and receives `recv` from rank source, both with tag `tag`; either tensor may be
+  // empty (nothing goes that way). Messages between two ranks with one tag arrive in the order
+  // they were issued. Communicators that move device memory have none: this default throws.
+  virtual CommHandle send_recv_async(const Tensor& send, int dest, const Tensor& recv, int source,
+                                     int tag);
 
   // Host values (loss sums, token counts, norms, the job's agreed settings), blocking.
   // Doubles summed (or maxed) in place.

@@ -45,6 +45,18 @@ void check_all_gather_args(const Comm& comm, const Tensor& send, const Tensor& r
                                 send.shape_string());
 }
 
+void check_send_recv_args(const Comm& comm, const Tensor& send, int dest, const Tensor& recv,
+                          int source, int tag) {
+  const char* operation = "send_recv";
+  if (send.numel() > 0 && (dest < 0 || dest >= comm.size()))
+    throw std::invalid_argument(where(comm, operation) + ": destination " + std::to_string(dest) +
+                                " is not a rank of this communicator");
+  if (recv.numel() > 0 && (source < 0 || source >= comm.size()))
+    throw std::invalid_argument(where(comm, operation) + ": source " + std::to_string(source) +
+                                " is not a rank of this communicator");
+  if (tag < 0) throw std::invalid_argument(where(comm, operation) + ": negative tag");
+}
+
 void check_root(const Comm& comm, int root, const char* operation) {
   if (root < 0 || root >= comm.size())
     throw std::invalid_argument(where(comm, operation) + ": root " + std::to_string(root) +

@@ -14,6 +14,9 @@ void check_all_to_all_args(const Comm& comm, const Tensor& send, const Tensor& r
 void check_reduce_scatter_args(const Comm& comm, const Tensor& send, const Tensor& recv);
 // recv has comm.size() · send.numel() elements of send's dtype.
 void check_all_gather_args(const Comm& comm, const Tensor& send, const Tensor& recv);
+// dest and source are ranks of comm (when their tensor is not empty); tag >= 0.
+void check_send_recv_args(const Comm& comm, const Tensor& send, int dest, const Tensor& recv,
+                          int source, int tag);
 void check_root(const Comm& comm, int root, const char* operation);
 
 }  // namespace ulysses

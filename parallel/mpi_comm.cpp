@@ -348,6 +348,31 @@ CommHandle MpiComm::all_gather_async(const Tensor& send, const Tensor& recv) {
   return request;
 }
 
+// ---- point to point -----------------------------------------------------------------------
+
+// Pieces of at most max_count_ elements, each its own message with the same tag: MPI keeps
+// the order of messages between two ranks on one communicator and tag.
+CommHandle MpiComm::send_recv_async(const Tensor& send, int dest, const Tensor& recv, int source,
+                                    int tag) {
+  check_send_recv_args(*this, send, dest, recv, source, tag);
+  auto request = std::make_unique<Request>(*this, "send-recv", &stats_.p2p_seconds);
+  if (recv.numel() > 0)
+    for_each_chunk(recv.numel(), max_count_, [&](int64_t offset, int64_t length) {
+      check_mpi(MPI_Irecv(element_at(recv, offset), int(length), mpi_type(recv.dtype), source, tag,
+                          native_->comm, &request->requests.emplace_back()),
+                "MPI_Irecv", name_);
+    });
+  if (send.numel() > 0)
+    for_each_chunk(send.numel(), max_count_, [&](int64_t offset, int64_t length) {
+      check_mpi(MPI_Isend(element_at(send, offset), int(length), mpi_type(send.dtype), dest, tag,
+                          native_->comm, &request->requests.emplace_back()),
+                "MPI_Isend", name_);
+    });
+  stats_.p2p_bytes += int64_t(send.bytes());
+  stats_.calls += 1;
+  return request;
+}
+
 void MpiComm::broadcast_host(void* data, int64_t bytes, int root) {
   check_root(*this, root, "broadcast_host");
   Request request(*this, "broadcast", &stats_.gather_seconds);

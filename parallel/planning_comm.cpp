@@ -46,6 +46,14 @@ CommHandle PlanningComm::all_gather_async(const Tensor& send, const Tensor& recv
   return completed_request();
 }
 
+CommHandle PlanningComm::send_recv_async(const Tensor& send, int dest, const Tensor& recv,
+                                         int source, int tag) {
+  check_send_recv_args(*this, send, dest, recv, source, tag);
+  stats_.p2p_bytes += int64_t(send.bytes());
+  count_call(int64_t(send.bytes() + recv.bytes()));
+  return completed_request();
+}
+
 void PlanningComm::all_reduce_host(double*, int count, ReduceOp) {
   stats_.reduce_bytes += int64_t(count) * int64_t(sizeof(double));
   stats_.calls += 1;
@@ -67,7 +75,7 @@ void PlanningComm::abort(int exit_code) {
                          std::to_string(exit_code));
 }
 
-PlanningMesh make_planning_mesh(int world_size, int sp) {
+PlanningMesh make_planning_mesh(int world_size, int sp, int ring) {
   if (sp < 1 || world_size % sp != 0)
     throw std::invalid_argument("parallel.sp " + std::to_string(sp) + " does not divide world " +
                                 std::to_string(world_size));
@@ -78,6 +86,14 @@ PlanningMesh make_planning_mesh(int world_size, int sp) {
   planned.mesh.dp = std::make_unique<PlanningComm>(world_size / sp, 0, "dp");
   planned.mesh.sp_size = sp;
   planned.mesh.dp_size = world_size / sp;
+  if (ring > 1) {
+    if (sp % ring != 0)
+      throw std::invalid_argument("parallel.ring " + std::to_string(ring) + " does not divide sp " +
+                                  std::to_string(sp));
+    planned.mesh.ring_size = ring;
+    planned.mesh.ulysses = std::make_unique<PlanningComm>(sp / ring, 0, "ulysses");
+    planned.mesh.ring = std::make_unique<PlanningComm>(ring, 0, "ring");
+  }
   return planned;
 }
 

@@ -27,6 +27,8 @@ class PlanningComm final : public Comm {
   CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override;
   CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) override;
   CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override;
+  CommHandle send_recv_async(const Tensor& send, int dest, const Tensor& recv, int source,
+                             int tag) override;
   void all_reduce_host(double* values, int count, ReduceOp op) override;
   void broadcast_host(void* data, int64_t bytes, int root) override;
   void barrier() override {}
@@ -48,6 +50,6 @@ struct PlanningMesh {
   std::unique_ptr<PlanningComm> world;
   Mesh mesh;
 };
-PlanningMesh make_planning_mesh(int world_size, int sp);
+PlanningMesh make_planning_mesh(int world_size, int sp, int ring = 1);
 
 }  // namespace ulysses

@@ -24,7 +24,7 @@ double attention_flops(int64_t batch, int64_t tokens, int64_t heads, int64_t hea
 }  // namespace
 
 UlyssesAttention::UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads, int n_kv_heads,
-                                   int head_dim, int head_chunks)
+                                   int head_dim, int head_chunks, Comm* ring_comm)
     : backend_(backend),
       comm_(sp_comm),
       n_heads_(n_heads),
@@ -59,6 +59,25 @@ UlyssesAttention::UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads,
     throw std::invalid_argument("Ulysses attention: head_chunks " + std::to_string(head_chunks) +
                                 " does not split the heads of each rank into whole stages " +
                                 numbers);
+  if (ring_comm && ring_comm->size() > 1)
+    ring_ = std::make_unique<RingAttention>(backend, *ring_comm);
+}
+
+void UlyssesAttention::local_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                     const Tensor& k, const Tensor& v) {
+  if (ring_)
+    ring_->forward(out, lse, q, k, v);
+  else
+    backend_.attention_forward(out, lse, q, k, v);
+}
+
+void UlyssesAttention::local_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                      const Tensor& dout, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& out, const Tensor& lse) {
+  if (ring_)
+    ring_->backward(dq, dk, dv, dout, q, k, v, out, lse);
+  else
+    backend_.attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
 }
 
 int UlyssesAttention::stage_kv_heads() const {
@@ -298,7 +317,7 @@ void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state) 
       Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward,
                               Profiler::Kind::compute, 0,
                               attention_flops(B, Tl, n_heads_, head_dim_, false));
-      backend_.attention_forward(out, state.lse, state.q, state.k, state.v);
+      local_forward(out, state.lse, state.q, state.k, state.v);
     }
     state.out = out;
     return;
@@ -310,7 +329,7 @@ void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state) 
   {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward, Profiler::Kind::compute,
                             0, attention_flops(B, N, h, head_dim_, false));
-    backend_.attention_forward(state.out_owned, state.lse, state.q, state.k, state.v);
+    local_forward(state.out_owned, state.lse, state.q, state.k, state.v);
   }
   exchange_now(start_heads_to_tokens(state.out_owned, false, out));
   state.out = state.out_owned;
@@ -362,8 +381,7 @@ void UlyssesAttention::compute_backward(const AttentionState& state, AttentionGr
   if (comm_.size() == 1) {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
                             0, attention_flops(B, Tl, n_heads_, head_dim_, true));
-    backend_.attention_backward(dq, dk, dv, grads.dout, state.q, state.k, state.v, state.out,
-                                state.lse);
+    local_backward(dq, dk, dv, grads.dout, state.q, state.k, state.v, state.out, state.lse);
     return;
   }
   const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
@@ -376,8 +394,8 @@ void UlyssesAttention::compute_backward(const AttentionState& state, AttentionGr
   {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
                             0, attention_flops(B, N, h, head_dim_, true));
-    backend_.attention_backward(grads.dq, grads.dk, grads.dv, grads.dout, state.q, state.k, state.v,
-                                state.out, state.lse);
+    local_backward(grads.dq, grads.dk, grads.dv, grads.dout, state.q, state.k, state.v, state.out,
+                   state.lse);
   }
   grads.dout_owned.reset();
 }

@@ -4,12 +4,14 @@
 // and a second all-to-all turns the output back. Backward mirrors it.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/profiler.h"
 #include "parallel/comm.h"
 #include "parallel/head_chunks.h"
+#include "parallel/ring_attention.h"
 
 namespace ulysses {
 
@@ -55,8 +57,18 @@ class UlyssesAttention {
   // With head_chunks U (UPipe), attention may also run in U stages (below): U must divide the
   // heads per rank, and a stage's heads must cover whole groups of query heads per kv head or
   // lie inside one (valid_head_chunks).
+  // With ring_comm (parallel.ring > 1), sp_comm is this rank's Ulysses group and the attention
+  // of its heads runs as ring attention over the ring's groups (parallel/ring_attention.h).
   UlyssesAttention(Backend& backend, Comm& sp_comm, int n_heads, int n_kv_heads, int head_dim,
-                   int head_chunks = 1);
+                   int head_chunks = 1, Comm* ring_comm = nullptr);
+
+  // The attention of the heads this rank holds, over the tokens of its group: the backend's
+  // causal attention, or ring attention. The contracts of Backend::attention_forward/backward.
+  void local_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                     const Tensor& v);
+  void local_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      const Tensor& lse);
 
   // q[B, Tl, H, d], k/v[B, Tl, Hkv, d]: this rank's Tl = N/P tokens, all heads.
   // out[B, Tl, H, d] (caller-allocated). Fills state.
@@ -140,6 +152,7 @@ class UlyssesAttention {
   int heads_per_rank_, kv_heads_per_rank_;
   bool kv_replicated_;
   int head_chunks_;
+  std::unique_ptr<RingAttention> ring_;  // parallel.ring > 1
 };
 
 }  // namespace ulysses

@@ -1,9 +1,10 @@
-// CpuBackend: causal attention, flash-style. Queries and keys are cut into tiles of kTile
-// rows; a query tile meets the key tiles up to the diagonal with an online softmax, so only
+// CpuBackend: attention, flash-style. Queries and keys are cut into tiles of kTile rows; a
+// query tile meets the key tiles up to the diagonal with an online softmax, so only
 // O(tile² + tile·d) scratch per thread ever exists. Backward recomputes the probabilities
 // from the saved log-sum-exp in two passes (query tiles for dQ, key tiles for dK and dV) so
 // that every output element is written by one task in a fixed order: results are
-// bit-identical for any thread count.
+// bit-identical for any thread count. The causal attention over one sequence is the block
+// attention of ring attention (kernels/backend.h) with both blocks at position 0: one code.
 #include <omp.h>
 
 #include <algorithm>
@@ -130,40 +131,51 @@ ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, in
   }
 }
 
-// Keys visible from query row `query` in a key tile starting at key0 with key_rows rows.
-int64_t visible_keys(int64_t query, int64_t key0, int64_t key_rows) {
-  return std::clamp<int64_t>(query - key0 + 1, 0, key_rows);
+// Whether key j of a key tile whose first key sits at position key0 (key_rows rows) is
+// visible from the query at position `query`: the mask of every tile loop below.
+inline bool key_visible(int64_t query, int64_t key0, int64_t j, int64_t key_rows) {
+  return j < key_rows && attention_visible(query, key0 + j);
+}
+
+// Tiles are visited only where the causal rule can make a key visible: a key tile starting
+// after a query tile's last query is skipped (any other mask only removes more keys).
+inline bool tile_may_see(int64_t last_query, int64_t key0) {
+  return attention_visible(last_query, key0);
 }
 
 // Forward online-softmax step for one [kTile][kTile] score tile: scores become the
 // probabilities relative to the new running max, running sums are updated, and rows of the
 // output accumulator are rescaled by exp(old max − new max).
+// q0 and k0 are the positions of the tiles' first query and key.
 ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float* row_max,
                                              float* row_sum, int64_t q0, int64_t q_rows, int64_t k0,
                                              int64_t k_rows, int64_t pdim) {
   constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = scores + i * kTile;
-    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
-    if (visible == 0) {
-      std::fill(p, p + kTile, 0.0f);
-      continue;
-    }
+    const int64_t query = q0 + i;
     // The loops compute every lane and select with masks (cpu_common.h), so they vectorise.
     float tile_max = kMinusInfinity;
+    if (i < q_rows) {
 #pragma omp simd reduction(max : tile_max)
-    for (int64_t j = 0; j < kTile; ++j) {
-      const float score = p[j];
-      tile_max =
-          cpu::vector_max(tile_max, cpu::select(cpu::mask_if(j < visible), score, kMinusInfinity));
+      for (int64_t j = 0; j < kTile; ++j) {
+        const float score = p[j];
+        tile_max = cpu::vector_max(
+            tile_max,
+            cpu::select(cpu::mask_if(key_visible(query, k0, j, k_rows)), score, kMinusInfinity));
+      }
+    }
+    if (tile_max == kMinusInfinity) {  // no key of this tile is visible (scores are finite)
+      std::fill(p, p + kTile, 0.0f);
+      continue;
     }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < kTile; ++j) {
-      const float value =
-          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
+      const float value = cpu::select(cpu::mask_if(key_visible(query, k0, j, k_rows)),
+                                      cpu::fast_exp(p[j] - new_max), 0.0f);
       p[j] = value;
       sum += value;
     }
@@ -176,19 +188,21 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
 }
 
 // Backward: probs becomes P = exp(S − lse) and dprobs becomes dS = P ∘ (dP − D), both zero
-// where masked; tile_lse and tile_d hold lse and D of the tile's query rows.
+// where masked; tile_lse and tile_d hold lse and D of the tile's query rows; q0 and k0 are
+// the positions of the tiles' first query and key.
 ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const float* tile_lse,
                                            const float* tile_d, int64_t q0, int64_t q_rows,
                                            int64_t k0, int64_t k_rows) {
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = probs + i * kTile;
     float* dp = dprobs + i * kTile;
-    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
+    const int64_t query = q0 + i;
+    const bool row = i < q_rows;
     const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
     for (int64_t j = 0; j < kTile; ++j) {
-      const float prob =
-          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
+      const float prob = cpu::select(cpu::mask_if(row && key_visible(query, k0, j, k_rows)),
+                                     cpu::fast_exp(p[j] - row_lse), 0.0f);
       p[j] = prob;
       dp[j] = prob * (dp[j] - row_d);
     }
@@ -199,6 +213,26 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
 
 void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                                         const Tensor& k, const Tensor& v) {
+  attention_block_forward_impl(out, lse, q, k, v, 0, 0, false);
+}
+
+void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                         const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& lse) {
+  block_backward(dq, dk, dv, dout, q, k, v, out, lse, 0, 0, false);
+}
+
+void CpuBackend::attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                               const Tensor& dout, const Tensor& q, const Tensor& k,
+                                               const Tensor& v, const Tensor& out,
+                                               const Tensor& lse, int64_t q_first,
+                                               int64_t k_first) {
+  block_backward(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first, true);
+}
+
+void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                              const Tensor& k, const Tensor& v, int64_t q_first,
+                                              int64_t k_first, bool merge) {
   const AttentionShape s = checked_shape(q, k, v, out, lse, "attention_forward");
   const int64_t pdim = s.padded_dim;
   const int64_t group = s.q_heads / s.kv_heads;
@@ -241,30 +275,54 @@ void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, co
       std::fill(row_max, row_max + kTile, -std::numeric_limits<float>::infinity());
       std::fill(row_sum, row_sum + kTile, 0.0f);
 
-      for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+      const int64_t last_query = q_first + q0 + q_rows - 1;
+      for (int64_t key_tile = 0; key_tile < s.tiles; ++key_tile) {
         const int64_t k0 = key_tile * kTile;
+        if (!tile_may_see(last_query, k_first + k0)) break;
         const int64_t k_rows = std::min(kTile, s.seq_len - k0);
         const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
         load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
         load_rows(v_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
         tile_matmul(scores, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
-        online_softmax_tile(scores, o_tile, row_max, row_sum, q0, q_rows, k0, k_rows, pdim);
+        online_softmax_tile(scores, o_tile, row_max, row_sum, q_first + q0, q_rows, k_first + k0,
+                            k_rows, pdim);
         tile_matmul(o_tile, scores, kTile, 1, v_tile, pdim, kTile, true);
       }
 
       for (int64_t i = 0; i < q_rows; ++i) {
         float* out_row = out_data + ((b * s.seq_len + q0 + i) * s.q_heads + h) * s.dim;
+        float& row_lse = lse_data[(b * s.q_heads + h) * s.seq_len + q0 + i];
+        if (row_sum[i] == 0.0f) {  // the block hides every key from this query
+          if (!merge) {
+            std::fill(out_row, out_row + s.dim, 0.0f);
+            row_lse = -std::numeric_limits<float>::infinity();
+          }
+          continue;
+        }
         const float inverse_sum = 1.0f / row_sum[i];
-        for (int64_t c = 0; c < s.dim; ++c) out_row[c] = o_tile[i * pdim + c] * inverse_sum;
-        lse_data[(b * s.q_heads + h) * s.seq_len + q0 + i] = row_max[i] + std::log(row_sum[i]);
+        const float block_lse = row_max[i] + std::log(row_sum[i]);
+        if (!merge) {
+          for (int64_t c = 0; c < s.dim; ++c) out_row[c] = o_tile[i * pdim + c] * inverse_sum;
+          row_lse = block_lse;
+          continue;
+        }
+        // Log-sum-exp merge with what out and lse hold (kernels/backend.h), in f32.
+        const float merged_lse =
+            std::max(row_lse, block_lse) + std::log1p(std::exp(-std::fabs(row_lse - block_lse)));
+        const float old_weight = std::exp(row_lse - merged_lse);
+        const float block_weight = std::exp(block_lse - merged_lse) * inverse_sum;
+        for (int64_t c = 0; c < s.dim; ++c)
+          out_row[c] = out_row[c] * old_weight + o_tile[i * pdim + c] * block_weight;
+        row_lse = merged_lse;
       }
     }
   }
 }
 
-void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                         const Tensor& dout, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tensor& out, const Tensor& lse) {
+void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const Tensor& dout, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const Tensor& lse,
+                                int64_t q_first, int64_t k_first, bool accumulate) {
   const char* op = "attention_backward";
   const AttentionShape s = checked_shape(q, k, v, out, lse, op);
   cpu::require_f32(dq, op, "dq");
@@ -339,8 +397,10 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
       std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
       std::fill(dq_tile, dq_tile + kTile * pdim, 0.0f);
 
-      for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+      const int64_t last_query = q_first + q0 + q_rows - 1;
+      for (int64_t key_tile = 0; key_tile < s.tiles; ++key_tile) {
         const int64_t k0 = key_tile * kTile;
+        if (!tile_may_see(last_query, k_first + k0)) break;
         const int64_t k_rows = std::min(kTile, s.seq_len - k0);
         const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
         load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
@@ -348,13 +408,17 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
         load_rows(k_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
         tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
         tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
+        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q_first + q0, q_rows, k_first + k0,
+                          k_rows);
         tile_matmul(dq_tile, dprobs, kTile, 1, k_tile, pdim, kTile, true);
       }
 
       for (int64_t i = 0; i < q_rows; ++i) {
         float* dq_row = dq_data + q_offset + i * q_stride;
-        for (int64_t c = 0; c < s.dim; ++c) dq_row[c] = s.scale * dq_tile[i * pdim + c];
+        for (int64_t c = 0; c < s.dim; ++c) {
+          const float value = s.scale * dq_tile[i * pdim + c];
+          dq_row[c] = accumulate ? dq_row[c] + value : value;
+        }
       }
     }
   }
@@ -393,9 +457,10 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
       std::fill(dv_tile, dv_tile + kTile * pdim, 0.0f);
 
       for (int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
-        for (int64_t tile = key_tile; tile < s.tiles; ++tile) {
+        for (int64_t tile = 0; tile < s.tiles; ++tile) {
           const int64_t q0 = tile * kTile;
           const int64_t q_rows = std::min(kTile, s.seq_len - q0);
+          if (!tile_may_see(q_first + q0 + q_rows - 1, k_first + k0)) continue;
           const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
           const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
           load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
@@ -406,7 +471,8 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
           std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
           tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
           tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
+          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q_first + q0, q_rows, k_first + k0,
+                            k_rows);
           tile_matmul(dv_tile, probs, 1, kTile, do_tile, pdim, kTile, true);
           tile_matmul(dk_tile, dprobs, 1, kTile, q_tile, pdim, kTile, true);
         }
@@ -416,8 +482,8 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
         float* dk_row = dk_data + kv_offset + j * kv_stride;
         float* dv_row = dv_data + kv_offset + j * kv_stride;
         for (int64_t c = 0; c < s.dim; ++c) {
-          dk_row[c] = dk_tile[j * pdim + c];
-          dv_row[c] = dv_tile[j * pdim + c];
+          dk_row[c] = accumulate ? dk_row[c] + dk_tile[j * pdim + c] : dk_tile[j * pdim + c];
+          dv_row[c] = accumulate ? dv_row[c] + dv_tile[j * pdim + c] : dv_tile[j * pdim + c];
         }
       }
     }

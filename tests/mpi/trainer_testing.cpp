@@ -49,7 +49,7 @@ TrainingOutcome train_for(const Config& config, Comm& world, int steps) {
 }
 
 TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, int steps) {
-  Mesh mesh = make_mesh(world, config.parallel.sp);
+  Mesh mesh = make_mesh(world, config.parallel.sp, config.parallel.ring);
   Trainer trainer(config, backend, mesh);
   TrainingOutcome outcome;
   for (const ParamSpec& spec : trainer.model().table().specs()) {
@@ -76,7 +76,7 @@ TrainingOutcome train_on(Backend& backend, const Config& config, Comm& world, in
 
 std::vector<TraceSpan> traced_step(const Config& config, Comm& world) {
   auto backend = make_test_cpu_backend();
-  Mesh mesh = make_mesh(world, config.parallel.sp);
+  Mesh mesh = make_mesh(world, config.parallel.sp, config.parallel.ring);
   Trainer trainer(config, *backend, mesh);
   Profiler& profiler = backend->profiler();
   profiler.take_trace();
