@@ -91,6 +91,42 @@ TEST_F(Ring, EverySplitMatchesOneRank) {
   }
 }
 
+// The ring under the memory and schedule options, Ulysses 2 × ring 2 (4 ranks) against one
+// rank: layer checkpointing with overlap, UPipe head stages, ZeRO 1 to 3.
+TEST_F(Ring, ComposesWithMemoryAndScheduleOptions) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks for Ulysses 2 x ring 2";
+  struct Option {
+    const char* name;
+    void (*apply)(Config&);
+  };
+  const Option options[] = {
+      {"layer checkpointing + overlap",
+       [](Config& c) {
+         c.memory.activation_checkpointing = ActivationCheckpointing::layer;
+         c.parallel.overlap = true;
+       }},
+      {"head chunks 2", [](Config& c) { c.parallel.head_chunks = 2; }},
+      {"head chunks 2 + overlap",
+       [](Config& c) {
+         c.parallel.head_chunks = 2;
+         c.parallel.overlap = true;
+       }},
+      {"zero 1", [](Config& c) { c.parallel.zero_stage = 1; }},
+      {"zero 2", [](Config& c) { c.parallel.zero_stage = 2; }},
+      {"zero 3 + overlap",
+       [](Config& c) {
+         c.parallel.zero_stage = 3;
+         c.parallel.overlap = true;
+       }},
+  };
+  for (const Option& option : options) {
+    Config config = tiny_training_config("llama", 2, 4, 1);
+    option.apply(config);
+    expect_matches_one_rank(with_ring(config, 2), world(),
+                            std::string("ulysses 2 x ring 2, ") + option.name);
+  }
+}
+
 // 12 heads do not divide over 8 ranks: Ulysses alone refuses sp 8, and the refusal lists the
 // splits that work; Ulysses 4 × ring 2 trains and matches one rank.
 TEST_F(Ring, TwelveHeadsAtSpEight) {
