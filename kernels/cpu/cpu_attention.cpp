@@ -131,10 +131,15 @@ ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, in
   }
 }
 
-// Whether key j of a key tile whose first key sits at position key0 (key_rows rows) is
-// visible from the query at position `query`: the mask of every tile loop below.
-inline bool key_visible(int64_t query, int64_t key0, int64_t j, int64_t key_rows) {
-  return j < key_rows && attention_visible(query, key0 + j);
+// Keys visible from the query at position `query` in a key tile whose first key sits at key0
+// (key_rows rows): the mask of every tile loop below. Under attention_visible (kernels/
+// backend.h) they are a prefix of the tile, so the loops mask by a count, which keeps them
+// vectorised; a mask that is not a prefix (packed documents) replaces this count by a per-key
+// test in the two tile functions.
+int64_t visible_keys(int64_t query, int64_t key0, int64_t key_rows) {
+  int64_t count = std::clamp<int64_t>(query - key0 + 1, 0, key_rows);
+  while (count > 0 && !attention_visible(query, key0 + count - 1)) --count;
+  return count;
 }
 
 // Tiles are visited only where the causal rule can make a key visible: a key tile starting
@@ -153,29 +158,26 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
   constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = scores + i * kTile;
-    const int64_t query = q0 + i;
-    // The loops compute every lane and select with masks (cpu_common.h), so they vectorise.
-    float tile_max = kMinusInfinity;
-    if (i < q_rows) {
-#pragma omp simd reduction(max : tile_max)
-      for (int64_t j = 0; j < kTile; ++j) {
-        const float score = p[j];
-        tile_max = cpu::vector_max(
-            tile_max,
-            cpu::select(cpu::mask_if(key_visible(query, k0, j, k_rows)), score, kMinusInfinity));
-      }
-    }
-    if (tile_max == kMinusInfinity) {  // no key of this tile is visible (scores are finite)
+    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
+    if (visible == 0) {
       std::fill(p, p + kTile, 0.0f);
       continue;
+    }
+    // The loops compute every lane and select with masks (cpu_common.h), so they vectorise.
+    float tile_max = kMinusInfinity;
+#pragma omp simd reduction(max : tile_max)
+    for (int64_t j = 0; j < kTile; ++j) {
+      const float score = p[j];
+      tile_max =
+          cpu::vector_max(tile_max, cpu::select(cpu::mask_if(j < visible), score, kMinusInfinity));
     }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < kTile; ++j) {
-      const float value = cpu::select(cpu::mask_if(key_visible(query, k0, j, k_rows)),
-                                      cpu::fast_exp(p[j] - new_max), 0.0f);
+      const float value =
+          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
       p[j] = value;
       sum += value;
     }
@@ -196,13 +198,12 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = probs + i * kTile;
     float* dp = dprobs + i * kTile;
-    const int64_t query = q0 + i;
-    const bool row = i < q_rows;
+    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
     const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
     for (int64_t j = 0; j < kTile; ++j) {
-      const float prob = cpu::select(cpu::mask_if(row && key_visible(query, k0, j, k_rows)),
-                                     cpu::fast_exp(p[j] - row_lse), 0.0f);
+      const float prob =
+          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
       p[j] = prob;
       dp[j] = prob * (dp[j] - row_d);
     }
