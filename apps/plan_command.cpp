@@ -117,8 +117,10 @@ int run_plan_command(int argc, char** argv) {
       return 0;
     }
     for (int sp : sp_values)
-      for (int64_t seq_len : seq_lens)
+      for (int64_t seq_len : seq_lens) {
         print_plan_point(std::cout, plan_point(target, seq_len, sp), target);
+        if (sp > 1) print_ring_splits(std::cout, target, seq_len, sp);
+      }
   } catch (const CLI::ValidationError& error) {
     std::cerr << "plan: " << error.what() << "\n";
     return int(ExitCode::bad_input);

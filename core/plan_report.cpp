@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <string>
 
+#include "core/config.h"
+#include "core/memory_plan.h"
 #include "kernels/stopwatch.h"
 
 namespace ulysses {
@@ -34,8 +36,9 @@ void print_memory_plan(std::ostream& out, const MemoryPlan& plan) {
   if (plan.workspace_bound)
     out << "  (cuDNN attention workspaces charged at their documented upper bound: they are "
            "known only on a device)\n";
-  out << "  sent per step per rank: all-to-all " << format_bytes(plan.all_to_all_bytes)
-      << ", gradient and weight collectives " << format_bytes(plan.grad_comm_bytes) << "\n";
+  out << "  sent per step per rank: all-to-all " << format_bytes(plan.all_to_all_bytes);
+  if (plan.ring_bytes > 0) out << ", ring p2p " << format_bytes(plan.ring_bytes);
+  out << ", gradient and weight collectives " << format_bytes(plan.grad_comm_bytes) << "\n";
   out << "  host per rank: offloaded checkpoints " << format_bytes(plan.host_checkpoints)
       << ", weights I/O " << format_bytes(plan.host_weights_io)
       << " (one ZeRO unit at a time; a curriculum keeps this rank's stored weights)";
@@ -73,6 +76,49 @@ void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarge
         << format_bytes(point.cheapest_plan.all_to_all_bytes) << " per step)\n";
   else
     out << "  no option set fits: more sp ranks, a shorter sequence or a larger device\n";
+}
+
+void print_ring_splits(std::ostream& out, const PlanTarget& target, int64_t seq_len, int sp) {
+  out << "== Ulysses x ring splits of sp " << sp << " at seq_len " << seq_len
+      << " (per rank, per step)\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s %12s  %s\n", "sp/ring x ring", "peak",
+                "all-to-all", "ring p2p", "both", "verdict");
+  out << line;
+  int64_t fewest = -1;
+  std::string fewest_split;
+  for (int ring = 1; ring <= sp; ++ring) {
+    if (sp % ring != 0) continue;
+    const std::string split = std::to_string(sp / ring) + " x " + std::to_string(ring);
+    std::vector<std::string> overrides = target.overrides;
+    overrides.insert(overrides.end(),
+                     {"parallel.sp=" + std::to_string(sp), "parallel.ring=" + std::to_string(ring),
+                      "train.seq_len=" + std::to_string(seq_len)});
+    try {
+      const Config config = load_config(target.config_path, overrides);
+      validate_for_world(config, target.world_size);
+      const MemoryPlan plan = plan_memory(config, target.world_size, target.cpu_threads);
+      const int64_t both = plan.all_to_all_bytes + plan.ring_bytes;
+      const bool fits = plan.device_peak <= target.budget_bytes;
+      std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s %12s  %s\n", split.c_str(),
+                    format_bytes(plan.device_peak).c_str(),
+                    format_bytes(plan.all_to_all_bytes).c_str(),
+                    format_bytes(plan.ring_bytes).c_str(), format_bytes(both).c_str(),
+                    fits ? "fits" : "does not fit");
+      out << line;
+      if (fits && (fewest < 0 || both < fewest)) {
+        fewest = both;
+        fewest_split = split;
+      }
+    } catch (const std::exception& error) {
+      out << "  " << split << ": cannot: " << error.what() << "\n";
+    }
+  }
+  if (fewest >= 0)
+    out << "  fewest bytes among those that fit: " << fewest_split << " (" << format_bytes(fewest)
+        << " per step)\n";
+  else
+    out << "  no split fits\n";
 }
 
 void print_longest_fits(std::ostream& out, const PlanTarget& target, const std::vector<int>& sps,

@@ -18,6 +18,11 @@ void print_memory_plan(std::ostream& out, const MemoryPlan& plan);
 void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarget& target);
 // plan --longest: for each sp and each option set, the longest seq_len (a multiple of
 // granule · sp) that fits the target's budget.
+// Every (sp/ring, ring) split of sp at seq_len (docs/parallelism.md, "Ulysses × ring"), as
+// configured otherwise: per-rank peak, bytes of the all-to-alls and of the ring's point to
+// point per step, whether it fits, and which fitting split moves the fewest bytes.
+void print_ring_splits(std::ostream& out, const PlanTarget& target, int64_t seq_len, int sp);
+
 void print_longest_fits(std::ostream& out, const PlanTarget& target, const std::vector<int>& sps,
                         int64_t granule);
 
