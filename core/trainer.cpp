@@ -489,8 +489,7 @@ void Trainer::run() {
       profiler.set_trace(false);
     }
     CommStats comm = sum_stats(comms) - before;
-    double comm_seconds =
-        comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds + comm.p2p_seconds;
+    double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
     log_step(result, comm, comm_seconds, phases, readback_seconds);
     const std::string plans = backend_.take_plans_built();
     if (!plans.empty() && mesh_.world->rank() == 0)
