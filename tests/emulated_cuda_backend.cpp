@@ -462,8 +462,11 @@ class EmulatedCudaBackend final : public Backend {
   }
 
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                              const Tensor& k, const Tensor& v) override {
+                              const Tensor& k, const Tensor& v,
+                              const Documents& documents) override {
     using namespace cuda_attention;
+    if (!documents.none())
+      throw std::invalid_argument("attention_forward: documents are not masked on cuda yet");
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
     const cuda::LaunchShape shape = attention_forward_launch(dims, q.shape[0]);
@@ -481,8 +484,11 @@ class EmulatedCudaBackend final : public Backend {
 
   void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse) override {
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Documents& documents) override {
     using namespace cuda_attention;
+    if (!documents.none())
+      throw std::invalid_argument("attention_backward: documents are not masked on cuda yet");
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
     const int64_t batch = q.shape[0];

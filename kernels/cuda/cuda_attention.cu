@@ -58,9 +58,12 @@ AttentionDims checked_dims(const Tensor& q, const Tensor& k, const Tensor& v, co
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                         const Tensor& k, const Tensor& v) {
+                                         const Tensor& k, const Tensor& v,
+                                         const Documents& documents) {
   const char* op = "attention_forward";
   const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
+  if (!documents.none())
+    throw std::invalid_argument("attention_forward: documents are not masked on cuda yet");
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
   if (cudnn_attention_) return cudnn_attention_->forward(out, lse, q, k, v);
@@ -81,9 +84,12 @@ void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, c
 
 void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                           const Tensor& dout, const Tensor& q, const Tensor& k,
-                                          const Tensor& v, const Tensor& out, const Tensor& lse) {
+                                          const Tensor& v, const Tensor& out, const Tensor& lse,
+                                          const Documents& documents) {
   const char* op = "attention_backward";
   const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
+  if (!documents.none())
+    throw std::invalid_argument("attention_backward: documents are not masked on cuda yet");
   cuda::require_dtype(dq, DType::bf16, op, "dq");
   cuda::require_dtype(dk, DType::bf16, op, "dk");
   cuda::require_dtype(dv, DType::bf16, op, "dv");
