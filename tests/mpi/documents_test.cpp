@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/evaluate.h"
 #include "core/model.h"
 #include "parallel/head_chunks.h"
 #include "parallel/mesh.h"
@@ -69,6 +70,45 @@ DocumentResult run_document(Backend& backend, const Config& config, Mesh& mesh,
   batch.targets.assign(targets.begin() + batch.pos_offset,
                        targets.begin() + batch.pos_offset + seq_local);
   batch.documents = documents;
+
+  Model model(config, backend, *mesh.sp, *mesh.sp, 1, seq_local);
+  model.init_weights(uint64_t(config.train.seed));
+  model.zero_grads();
+  DocumentResult result;
+  result.loss_sum = model.forward_backward(batch, 1.0f).loss_sum;
+  mesh.sp->all_reduce_host(&result.loss_sum, 1, ReduceOp::sum);
+  std::vector<float> local(size_t(model.num_params()));
+  model.download_gradients(local.data());
+  result.gradient.assign(local.begin(), local.end());
+  mesh.sp->all_reduce_host(result.gradient.data(), int(result.gradient.size()), ReduceOp::sum);
+  return result;
+}
+
+// The whole of `sequence` scored (each token against the next; the last against
+// `last_target`) on the sp group of mesh, padded as read_micro_batch pads a length sp does
+// not divide; documents are the sequence's own starts ({0}: one document).
+DocumentResult run_padded(Backend& backend, const Config& config, Mesh& mesh,
+                          const std::vector<int32_t>& sequence, std::vector<int64_t> starts,
+                          int32_t last_target) {
+  const int64_t seq_len = int64_t(sequence.size());
+  const int64_t seq_local = padded_seq_local(seq_len, mesh.sp_size);
+  const int64_t padded_len = seq_local * mesh.sp_size;
+  std::vector<int32_t> inputs(static_cast<size_t>(padded_len), 0);
+  std::vector<int32_t> targets(static_cast<size_t>(padded_len), -1);
+  for (int64_t t = 0; t < seq_len; ++t) {
+    inputs[size_t(t)] = sequence[size_t(t)];
+    targets[size_t(t)] = t + 1 < seq_len ? sequence[size_t(t + 1)] : last_target;
+  }
+  if (padded_len > seq_len) starts.push_back(seq_len);
+  MicroBatch batch;
+  batch.batch = 1;
+  batch.seq_local = seq_local;
+  batch.pos_offset = int64_t(mesh.sp_rank) * seq_local;
+  batch.inputs.assign(inputs.begin() + batch.pos_offset,
+                      inputs.begin() + batch.pos_offset + seq_local);
+  batch.targets.assign(targets.begin() + batch.pos_offset,
+                       targets.begin() + batch.pos_offset + seq_local);
+  if (starts.size() > 1) batch.documents.starts = {starts};
 
   Model model(config, backend, *mesh.sp, *mesh.sp, 1, seq_local);
   model.init_weights(uint64_t(config.train.seed));
@@ -188,6 +228,38 @@ TEST_F(PackedDocuments, NothingOfOneDocumentReachesAnother) {
       EXPECT_NE(base.loss_sum, other.loss_sum) << variant.name() << " sp " << sp;
     }
   }
+}
+
+TEST_F(PackedDocuments, LengthsSpDoesNotDivideTrainAsOnOneRank) {
+  const int sp = world().size();
+  const std::vector<int32_t> tokens = packed_tokens(11);
+  int compared = 0;
+  for (const std::string family : {"llama", "gpt2"}) {
+    const Config config = documents_config(family, sp);
+    Mesh one = make_mesh(world(), 1);
+    Mesh group = make_mesh(world(), sp);
+    auto backend = testing::make_test_cpu_backend();
+    // Lengths 1, sp - 1 and sp + 1 (padded by sp - 1, 1 and sp - 1 tokens), and a packed
+    // sequence of 4·sp + 1 tokens in two documents.
+    const std::vector<int64_t> lengths = {1, sp - 1, sp + 1, 4 * sp + 1};
+    for (int64_t length : lengths) {
+      if (length < 1) continue;
+      const std::vector<int32_t> sequence(tokens.begin(), tokens.begin() + length);
+      const std::vector<int64_t> starts =
+          length > 4 ? std::vector<int64_t>{0, length / 2} : std::vector<int64_t>{0};
+      const DocumentResult alone = run_padded(*backend, config, one, sequence, starts, 3);
+      const DocumentResult padded = run_padded(*backend, config, group, sequence, starts, 3);
+      const std::string what =
+          family + " length " + std::to_string(length) + " on sp " + std::to_string(sp);
+      // The padding's rows carry no loss and their gradients are exact zeros; only the
+      // grouping of fp32 sums differs (as in the test above).
+      EXPECT_LE(std::abs(padded.loss_sum - alone.loss_sum), 1e-6 * std::abs(alone.loss_sum))
+          << what << ": " << padded.loss_sum << " padded, " << alone.loss_sum << " alone";
+      EXPECT_LE(relative_difference(padded.gradient, alone.gradient), 1e-6) << what;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 6);
 }
 
 }  // namespace
