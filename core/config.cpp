@@ -1063,6 +1063,12 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
                   "and at most 128, but it is " +
                       std::to_string(head_dim) + "; use kernels.attention: native");
   }
+  if (c.kernels.attention == AttentionKernel::cudnn && c.data.documents == DataDocuments::eos) {
+    reader.fail("kernels.attention",
+                "cudnn cannot mask packed documents (" + show("data.documents") +
+                    "): cuDNN's graphs here have no document mask; use kernels.attention: "
+                    "native or auto");
+  }
   check_model_size(reader, c);
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
@@ -1143,6 +1149,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text, overrides, path, warnings);
 }
 
+bool has_padding(const Config& config, int sp) {
+  if (config.train.seq_len % sp != 0) return true;
+  for (const SeqLenStage& stage : parse_seq_len_schedule(config.train.seq_len_schedule))
+    if (stage.seq_len % sp != 0) return true;
+  return false;
+}
+
+bool attention_has_documents(const Config& config) {
+  return config.data.documents == DataDocuments::eos || has_padding(config, config.parallel.sp);
+}
+
 void validate_for_world(const Config& config, int world_size) {
   const int sp = config.parallel.sp;
   const int n_heads = config.model.n_heads;
@@ -1174,7 +1191,13 @@ void validate_for_world(const Config& config, int world_size) {
                       std::to_string(world_size) + " ranks sp can be " + join_choices(working));
   }
   // Any train.seq_len works: a length sp does not divide is padded to the next multiple
-  // (docs/parallelism.md, "Any length under any sp").
+  // (docs/parallelism.md, "Any length under any sp"), masked as a document of its own, which
+  // cuDNN's attention here cannot do.
+  if (config.kernels.attention == AttentionKernel::cudnn && has_padding(config, sp))
+    throw ConfigError("kernels.attention: cudnn cannot mask the padding of train.seq_len=" +
+                      std::to_string(config.train.seq_len) + " (or a train.seq_len_schedule " +
+                      "stage) on parallel.sp=" + std::to_string(sp) +
+                      "; use a length sp divides, or kernels.attention: native or auto");
   const int heads_per_rank = n_heads / sp;
   const std::vector<int> chunks = valid_head_chunks(n_heads, n_kv_heads, sp);
   if (std::find(chunks.begin(), chunks.end(), config.parallel.head_chunks) == chunks.end()) {

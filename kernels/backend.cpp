@@ -232,7 +232,7 @@ int64_t cudnn_loaded_version() {
 }
 
 AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
-                                 int64_t cudnn_version) {
+                                 int64_t cudnn_version, bool documents) {
   if (setting != AttentionKernel::automatic)
     return {setting, "kernels.attention: " +
                          std::string(setting == AttentionKernel::cudnn ? "cudnn" : "native") +
@@ -241,6 +241,9 @@ AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, in
   if (device != BackendKind::cuda)
     return {AttentionKernel::native, prefix + "the cpu backend has one attention"};
   if (cudnn_version == 0) return {AttentionKernel::native, prefix + "this build has no cuDNN"};
+  if (documents)
+    return {AttentionKernel::native,
+            prefix + "packed documents or padding need the native kernels' document mask"};
   const std::string version = std::to_string(cudnn_version / 10000) + "." +
                               std::to_string(cudnn_version / 100 % 100) + "." +
                               std::to_string(cudnn_version % 100);

@@ -40,10 +40,11 @@ inline constexpr int64_t kCudnnAttentionMinimumVersion = 91600;
 
 // kernels.attention: auto takes cuDNN on the cuda device where this build has it, the loaded
 // library is at least 9.16 (cudnn_version is cudnnGetVersion(), 0 where the build has no
-// cuDNN) and the head dim is a multiple of 8 and at most 128; else the native kernels. An
-// explicit native or cudnn is returned as it is (the config checks it).
+// cuDNN), the head dim is a multiple of 8 and at most 128, and attention has no documents
+// (packed documents or padding, which only the native kernels mask); else the native kernels.
+// An explicit native or cudnn is returned as it is (the config checks it).
 AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
-                                 int64_t cudnn_version);
+                                 int64_t cudnn_version, bool documents = false);
 
 struct LossResult {
   double loss_sum = 0.0;  // sum of -log p(target) over counted tokens
