@@ -23,7 +23,7 @@
 //                                 LmHeadLoss
 //   cuda_attention_kernels.cuh    attention_dkv_kernel query tiles from key_tile + 1: Attention
 //   cuda_document_mask.cuh        key_visible without key >= query_start: Attention
-//   cuda_document_mask.cuh        document_end one past the next start: Attention
+//   cuda_document_mask.cuh        document_end one short (the next start − 1): Attention
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -595,6 +595,7 @@ TEST_P(BackendOps, Attention) {
   // One token; GQA groups 1–4; T not a multiple of the 64-row tile; both kernel widths.
   // Packed documents: starts inside tile 0 (a tile across a boundary), at the tile edge 64
   // (tiles before and after one), inside tile 1, and one whose query tile skips key tile 0;
+  // a document that ends one row into the next tile (its keys in tile 0 are seen by tile 1),
   // a one-token document at the end, and GQA.
   const std::vector<AttentionShape> shapes = {{1, 1, 1, 1, 16},
                                               {2, 17, 4, 2, 16},
@@ -602,7 +603,7 @@ TEST_P(BackendOps, Attention) {
                                               {1, 33, 4, 1, 64},
                                               {1, 70, 2, 2, 128},
                                               {1, 150, 2, 1, 16, {{0, 40, 64, 100}}},
-                                              {2, 70, 4, 2, 64, {{0, 5}, {0, 69}}}};
+                                              {2, 70, 4, 2, 64, {{0, 5, 65}, {0, 69}}}};
   const DType dtype = attention_dtype();
   // bf16 chains several roundings (P, dS) (docs/cuda.md).
   const double tolerance = dtype == DType::bf16 ? 3e-2 : 1e-4;
