@@ -166,7 +166,7 @@ struct MemoryConfig {
   // Layer inputs kept for the recompute live in host memory (with layer checkpointing).
   bool offload_checkpoints = false;
   int loss_tile_tokens = 0;  // 0: auto (kernels/op_scratch.h)
-  double limit_gib = 0.0;    // 0 = unlimited (cpu)
+  double limit_gib = 0.0;  // 0 = unlimited (cpu)
 };
 
 struct KernelsConfig {
@@ -224,8 +224,8 @@ constexpr int kMaxLayers = 100000;
 constexpr long double kMaxParameters = 1099511627776.0L;  // 2^40
 long double approximate_parameter_count(const ModelConfig& model);
 
-// Checks that depend on the number of ranks (world % sp, heads % sp, GQA, seq_len % sp);
-// the message names the numbers and what would work.
+// Checks that depend on the number of ranks (world % sp, heads % sp, GQA, head stages, and
+// kernels.attention: cudnn with padding); the message names the numbers and what would work.
 void validate_for_world(const Config& config, int world_size);
 // Whether some length the run trains at (train.seq_len or a schedule stage) is padded on sp
 // ranks (docs/parallelism.md, "Any length under any sp").
