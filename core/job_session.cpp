@@ -74,9 +74,9 @@ DeviceCommChoice agree_device_comm(Comm& world, DeviceComm setting) {
 void resolve_attention(Comm& world, Config& config) {
   double negated_version = -double(cudnn_loaded_version());
   world.all_reduce_host(&negated_version, 1, ReduceOp::max);
-  const AttentionChoice choice =
-      choose_attention(config.kernels.attention, config.device,
-                       config.model.d_model / config.model.n_heads, int64_t(-negated_version));
+  const AttentionChoice choice = choose_attention(
+      config.kernels.attention, config.device, config.model.d_model / config.model.n_heads,
+      int64_t(-negated_version), attention_has_documents(config));
   if (config.kernels.attention == AttentionKernel::automatic && world.rank() == 0)
     spdlog::info("attention: {} ({})", name_of(choice.kernel), choice.reason);
   config.kernels.attention = choice.kernel;

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/documents.h"
 #include "kernels/memory.h"
 #include "kernels/profiler.h"
 #include "kernels/tensor.h"
@@ -39,10 +40,11 @@ inline constexpr int64_t kCudnnAttentionMinimumVersion = 91600;
 
 // kernels.attention: auto takes cuDNN on the cuda device where this build has it, the loaded
 // library is at least 9.16 (cudnn_version is cudnnGetVersion(), 0 where the build has no
-// cuDNN) and the head dim is a multiple of 8 and at most 128; else the native kernels. An
-// explicit native or cudnn is returned as it is (the config checks it).
+// cuDNN), the head dim is a multiple of 8 and at most 128, and attention has no documents
+// (packed documents or padding, which only the native kernels mask); else the native kernels.
+// An explicit native or cudnn is returned as it is (the config checks it).
 AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
-                                 int64_t cudnn_version);
+                                 int64_t cudnn_version, bool documents = false);
 
 struct LossResult {
   double loss_sum = 0.0;  // sum of -log p(target) over counted tokens
@@ -217,31 +219,35 @@ class Backend {
   // Causal attention with online softmax: q[B, T, Hq, d], k/v[B, T, Hkv, d] (Hq % Hkv == 0;
   // q head h reads kv head h / (Hq / Hkv)), out[B, T, Hq, d], lse[B, Hq, T] (f32,
   // log-sum-exp of the scaled scores). Scale 1/sqrt(d). Memory O(T·d), never O(T²).
+  // With documents (kernels/documents.h), query t sees only the keys of its own document
+  // up to itself, and key tiles wholly in earlier documents are skipped.
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                         const Tensor& v);
-  // dq, dk, dv overwritten; recomputes scores from lse.
+                         const Tensor& v, const Documents& documents = {});
+  // dq, dk, dv overwritten; recomputes scores from lse; documents as the forward had them.
   void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse);
+                          const Tensor& lse, const Documents& documents = {});
 
   // One block of attention, for ring attention (docs/parallelism.md, "Ulysses × ring"): the
   // same shapes, but query i sits at position q_first + i and key j at k_first + j, and key j
-  // is visible from query i when attention_visible(q_first + i, k_first + j). A query that
-  // sees no key of the block gets out 0 and lse −inf. merge = false overwrites out and lse;
-  // merge = true combines this block's result with the one they hold (an earlier block over
-  // the same queries) by log-sum-exp in f32: lse = log(e^lse + e^lse_block),
+  // is visible from query i when attention_visible(q_first + i, k_first + j, start of the
+  // document of q_first + i). documents hold the starts of the whole sequences in these same
+  // positions (the block is a window of them). A query that sees no key of the block gets
+  // out 0 and lse −inf. merge = false overwrites out and lse; merge = true combines this
+  // block's result with the one they hold (an earlier block over the same queries) by
+  // log-sum-exp in f32: lse = log(e^lse + e^lse_block),
   // out = out·e^(lse_old − lse) + out_block·e^(lse_block − lse).
-  // attention_forward is attention_block_forward(out, lse, q, k, v, 0, 0, false).
+  // attention_forward is attention_block_forward(out, lse, q, k, v, 0, 0, false, documents).
   void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                const Tensor& k, const Tensor& v, int64_t q_first, int64_t k_first,
-                               bool merge);
+                               bool merge, const Documents& documents = {});
   // dq += , dk += , dv += this block's share of the gradient; out and lse are those of the
   // whole attention (every block merged), so P = exp(S − lse) is the block's part of the
   // softmax.
   void attention_block_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                int64_t q_first, int64_t k_first);
+                                int64_t q_first, int64_t k_first, const Documents& documents = {});
 
   // ---- fused LM head + cross-entropy ---------------------------------------------------
   // hidden[R, C], weight[V, C], targets[R] (i32, < 0 = not counted). Works over tiles of
@@ -295,19 +301,23 @@ class Backend {
   virtual void gelu_forward_impl(const Tensor& out, const Tensor& x) = 0;
   virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
   virtual void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                      const Tensor& k, const Tensor& v) = 0;
+                                      const Tensor& k, const Tensor& v,
+                                      const Documents& documents) = 0;
   virtual void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                        const Tensor& dout, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, const Tensor& out, const Tensor& lse) = 0;
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,
+                                       const Documents& documents) = 0;
   // Block attention is the cpu backend's only (the cuda kernels are causal over one sequence):
   // these defaults refuse it with a message that names the backend.
   virtual void attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                                             const Tensor& k, const Tensor& v, int64_t q_first,
-                                            int64_t k_first, bool merge);
+                                            int64_t k_first, bool merge,
+                                            const Documents& documents);
   virtual void attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                              const Tensor& dout, const Tensor& q, const Tensor& k,
                                              const Tensor& v, const Tensor& out, const Tensor& lse,
-                                             int64_t q_first, int64_t k_first);
+                                             int64_t q_first, int64_t k_first,
+                                             const Documents& documents);
   virtual LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
                                        const Tensor& targets, int64_t tile_rows, float grad_scale,
                                        const Tensor& dhidden, const Tensor& dweight) = 0;
@@ -325,10 +335,11 @@ class Backend {
   Profiler profiler_;
 };
 
-// The one masking rule of attention, kept as one predicate so that another mask (packed
-// documents) joins it in one place: key position k is visible from query position q.
-inline bool attention_visible(int64_t q, int64_t k) {
-  return k <= q;
+// The one masking rule of attention, kept as one predicate: key position k is visible from
+// query position q when it is not later (causal) and lies in q's document, which begins at
+// q_document_start (0 without packed documents; kernels/documents.h).
+inline bool attention_visible(int64_t q, int64_t k, int64_t q_document_start = 0) {
+  return k <= q && k >= q_document_start;
 }
 
 // The device asked for is not there: a build without CUDA, or no usable GPU. Every rank

@@ -33,7 +33,7 @@ int64_t PlanningBackend::cudnn_bound(const Tensor& q) const {
 }
 
 void PlanningBackend::attention_forward_impl(const Tensor&, const Tensor&, const Tensor& q,
-                                             const Tensor&, const Tensor&) {
+                                             const Tensor&, const Tensor&, const Documents&) {
   if (q.numel() == 0) return;
   if (kind_ == BackendKind::cpu) {
     cpu_attention_forward_scratch(*this, threads_, q.dim(3));
@@ -45,7 +45,8 @@ void PlanningBackend::attention_forward_impl(const Tensor&, const Tensor&, const
 
 void PlanningBackend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&,
                                               const Tensor&, const Tensor& q, const Tensor&,
-                                              const Tensor&, const Tensor&, const Tensor&) {
+                                              const Tensor&, const Tensor&, const Tensor&,
+                                              const Documents&) {
   if (q.numel() == 0) return;
   const Buffer row_dot = attention_row_dot(*this, q.dim(0), q.dim(2), q.dim(1));
   if (kind_ == BackendKind::cpu) {
@@ -63,10 +64,11 @@ void PlanningBackend::attention_backward_impl(const Tensor&, const Tensor&, cons
 void PlanningBackend::attention_block_forward_impl(const Tensor& out, const Tensor& lse,
                                                    const Tensor& q, const Tensor& k,
                                                    const Tensor& v, int64_t q_first,
-                                                   int64_t k_first, bool merge) {
+                                                   int64_t k_first, bool merge,
+                                                   const Documents& documents) {
   if (kind_ != BackendKind::cpu)
-    Backend::attention_block_forward_impl(out, lse, q, k, v, q_first, k_first, merge);
-  attention_forward_impl(out, lse, q, k, v);
+    Backend::attention_block_forward_impl(out, lse, q, k, v, q_first, k_first, merge, documents);
+  attention_forward_impl(out, lse, q, k, v, {});
 }
 
 void PlanningBackend::attention_block_backward_impl(const Tensor& dq, const Tensor& dk,
@@ -74,10 +76,11 @@ void PlanningBackend::attention_block_backward_impl(const Tensor& dq, const Tens
                                                     const Tensor& q, const Tensor& k,
                                                     const Tensor& v, const Tensor& out,
                                                     const Tensor& lse, int64_t q_first,
-                                                    int64_t k_first) {
+                                                    int64_t k_first, const Documents& documents) {
   if (kind_ != BackendKind::cpu)
-    Backend::attention_block_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first);
-  attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse);
+    Backend::attention_block_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first,
+                                           documents);
+  attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, {});
 }
 
 LossResult PlanningBackend::lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,

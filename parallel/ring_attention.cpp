@@ -29,6 +29,16 @@ double block_flops(int64_t batch, int64_t chunk, int64_t heads, int64_t head_dim
   return backward ? 2.5 * full : full;
 }
 
+// Whether packed documents hide every key of [key_first, key_last] from every query of
+// [query_first, ...) of every sequence: the query chunk's first document starts after the key
+// chunk's last key (later queries' documents start no earlier). Such a block is not computed.
+bool documents_hide_block(const Documents& documents, int64_t query_first, int64_t key_last) {
+  if (documents.none()) return false;
+  for (const std::vector<int64_t>& starts : documents.starts)
+    if (document_start(starts, query_first) <= key_last) return false;
+  return true;
+}
+
 // Tags: chunk ids (< 2R) for the zigzag moves; the ring's K/V and dK/dV above them.
 int kv_tag(int ring) {
   return 2 * ring;
@@ -147,9 +157,11 @@ void RingAttention::from_zigzag(const Tensor& zig, TokenLayout layout, const Ten
 // q[B, Ng, h, d], k/v[B, Ng, hk, d] → zigzag; then R steps: at step t this rank holds the
 // K/V of ring rank src = r − t, sends them on to r + 1 and receives the next from r − 1 while
 // it computes its two query chunks against src's two key chunks (kc < qc: the whole block,
-// kc == qc: the causal diagonal, kc > qc: nothing visible).
+// kc == qc: the causal diagonal, kc > qc: nothing visible). Chunk c holds true positions
+// [c·C, (c+1)·C), so each block masks packed documents at those positions, and a block whose
+// keys all lie before its queries' documents is skipped.
 void RingAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                            const Tensor& v) {
+                            const Tensor& v, const Documents& documents) {
   const int R = comm_.size(), r = comm_.rank();
   const int64_t B = q.dim(0), Ng = q.dim(1), h = q.dim(2), d = q.dim(3), hk = k.dim(2);
   if (Ng % 2 != 0)
@@ -182,14 +194,14 @@ void RingAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& 
       const int qc = chunk_of_slot(r, qs);
       for (int ks = 0; ks < 2; ++ks) {
         const int kc = chunk_of_slot(src, ks);
-        if (kc > qc) continue;
+        if (kc > qc || documents_hide_block(documents, qc * C, (kc + 1) * C - 1)) continue;
         Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward,
                                 Profiler::Kind::compute, 0,
                                 block_flops(B, C, h, d, kc == qc, false));
         backend_.attention_block_forward(slot(zout, qs, {B, C, h, d}), slot(zlse, qs, {B, h, C}),
                                          slot(zq, qs, {B, C, h, d}), slot(here, ks, {B, C, hk, d}),
                                          slot(here, 2 + ks, {B, C, hk, d}), qc * C, kc * C,
-                                         started[qs]);
+                                         started[qs], documents);
         started[qs] = true;
       }
     }
@@ -204,7 +216,7 @@ void RingAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& 
 // gradient has passed every rank and arrives back at its owner.
 void RingAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& out, const Tensor& lse) {
+                             const Tensor& out, const Tensor& lse, const Documents& documents) {
   const int R = comm_.size(), r = comm_.rank();
   const int64_t B = q.dim(0), Ng = q.dim(1), h = q.dim(2), d = q.dim(3), hk = k.dim(2);
   const int64_t C = Ng / 2;
@@ -247,7 +259,7 @@ void RingAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& d
       const int qc = chunk_of_slot(r, qs);
       for (int ks = 0; ks < 2; ++ks) {
         const int kc = chunk_of_slot(src, ks);
-        if (kc > qc) continue;
+        if (kc > qc || documents_hide_block(documents, qc * C, (kc + 1) * C - 1)) continue;
         Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward,
                                 Profiler::Kind::compute, 0,
                                 block_flops(B, C, h, d, kc == qc, true));
@@ -256,7 +268,7 @@ void RingAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& d
             slot(grads, 2 + ks, {B, C, hk, d}), slot(zdout, qs, {B, C, h, d}),
             slot(zq, qs, {B, C, h, d}), slot(here, ks, {B, C, hk, d}),
             slot(here, 2 + ks, {B, C, hk, d}), slot(zout, qs, {B, C, h, d}),
-            slot(zlse, qs, {B, h, C}), qc * C, kc * C);
+            slot(zlse, qs, {B, h, C}), qc * C, kc * C, documents);
       }
     }
     gradients_issued = backend_.profiler().now();

@@ -26,13 +26,15 @@ class RingAttention {
 
   // The contract of Backend::attention_forward over this group's tokens, with keys of the
   // whole sequence: q[B, Ng, h, d], k/v[B, Ng, hk, d], out[B, Ng, h, d], lse[B, h, Ng], the
-  // group's tokens starting at position ring_rank · Ng. Ng must be even.
+  // group's tokens starting at position ring_rank · Ng. Ng must be even. documents: the
+  // starts of the whole sequences of R·Ng tokens (kernels/documents.h), in those true
+  // positions; each block masks by them at its chunks' true positions.
   void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-               const Tensor& v);
+               const Tensor& v, const Documents& documents = {});
   // dq, dk, dv[B, Ng, ...] overwritten, as Backend::attention_backward.
   void backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                const Tensor& lse);
+                const Tensor& lse, const Documents& documents = {});
 
   int ranks() const { return comm_.size(); }
 

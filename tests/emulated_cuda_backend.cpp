@@ -462,15 +462,18 @@ class EmulatedCudaBackend final : public Backend {
   }
 
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                              const Tensor& k, const Tensor& v) override {
+                              const Tensor& k, const Tensor& v,
+                              const Documents& documents) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
+    const std::vector<int32_t> words = document_mask_words(documents);
+    const DocumentMask mask = document_mask_at(words.empty() ? nullptr : words.data());
     const cuda::LaunchShape shape = attention_forward_launch(dims, q.shape[0]);
     auto run = [&](auto kernel) {
       launch(shape, [&] {
         kernel(data_of<bf16>(out), lse.f32(), data_of<const bf16>(q), data_of<const bf16>(k),
-               data_of<const bf16>(v), dims);
+               data_of<const bf16>(v), dims, mask);
       });
     };
     if (kernel_dim(dims.dim) == 64)
@@ -481,10 +484,13 @@ class EmulatedCudaBackend final : public Backend {
 
   void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse) override {
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Documents& documents) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
+    const std::vector<int32_t> words = document_mask_words(documents);
+    const DocumentMask mask = document_mask_at(words.empty() ? nullptr : words.data());
     const int64_t batch = q.shape[0];
     Buffer row_dot = attention_row_dot(*this, batch, dims.q_heads, dims.seq_len);
     const int64_t rows = batch * dims.seq_len * dims.q_heads;
@@ -495,12 +501,13 @@ class EmulatedCudaBackend final : public Backend {
     auto run = [&](auto dq_kernel, auto dkv_kernel) {
       launch(attention_dq_launch(dims, batch), [&] {
         dq_kernel(data_of<bf16>(dq), data_of<const bf16>(dout), data_of<const bf16>(q),
-                  data_of<const bf16>(k), data_of<const bf16>(v), lse.f32(), row_dot.f32(), dims);
+                  data_of<const bf16>(k), data_of<const bf16>(v), lse.f32(), row_dot.f32(), dims,
+                  mask);
       });
       launch(attention_dkv_launch(dims, batch), [&] {
         dkv_kernel(data_of<bf16>(dk), data_of<bf16>(dv), data_of<const bf16>(dout),
                    data_of<const bf16>(q), data_of<const bf16>(k), data_of<const bf16>(v),
-                   lse.f32(), row_dot.f32(), dims);
+                   lse.f32(), row_dot.f32(), dims, mask);
       });
     };
     if (kernel_dim(dims.dim) == 64)

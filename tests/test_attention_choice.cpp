@@ -48,6 +48,16 @@ TEST(AttentionChoice, AutoTakesTheNativeKernelsOtherwiseAndSaysWhy) {
   }
 }
 
+TEST(AttentionChoice, AutoTakesTheNativeKernelsForDocuments) {
+  // Packed documents and padding are masked by the native kernels only (docs/parallelism.md).
+  const AttentionChoice choice =
+      choose_attention(AttentionKernel::automatic, BackendKind::cuda, 64, kCudnn919, true);
+  EXPECT_EQ(choice.kernel, AttentionKernel::native);
+  EXPECT_EQ(choice.reason,
+            "kernels.attention: auto: packed documents or padding need the native kernels' "
+            "document mask");
+}
+
 TEST(AttentionChoice, AnExplicitSettingIsKept) {
   EXPECT_EQ(choose_attention(AttentionKernel::native, BackendKind::cuda, 64, kCudnn919).kernel,
             AttentionKernel::native);

@@ -3,13 +3,17 @@
 // O(tile² + tile·d) scratch per thread ever exists. Backward recomputes the probabilities
 // from the saved log-sum-exp in two passes (query tiles for dQ, key tiles for dK and dV) so
 // that every output element is written by one task in a fixed order: results are
-// bit-identical for any thread count. The causal attention over one sequence is the block
+// bit-identical for any thread count. With packed documents (kernels/documents.h) a query
+// row sees only the keys of its own document, and key tiles that lie wholly before the
+// document of a query tile's first row are never visited, so the work follows Σ doc_len²
+// (docs/parallelism.md, "Packed documents"). The attention over one sequence is the block
 // attention of ring attention (kernels/backend.h) with both blocks at position 0: one code.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
@@ -131,21 +135,36 @@ ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, in
   }
 }
 
-// Keys visible from the query at position `query` in a key tile whose first key sits at key0
-// (key_rows rows): the mask of every tile loop below. Under attention_visible (kernels/
-// backend.h) they are a prefix of the tile, so the loops mask by a count, which keeps them
-// vectorised; a mask that is not a prefix (packed documents) replaces this count by a per-key
-// test in the two tile functions.
+// The keys of a key tile (first key at position key0, key_rows rows) that the query at
+// position `query` sees under attention_visible (kernels/backend.h) are one run of columns,
+// [first_visible_key, visible_keys): the causal rule ends it, the query's document start
+// (row_start[row]: the document start of each query row of the tile; null without documents)
+// begins it. The loops mask by these two bounds, which keeps them vectorised.
 int64_t visible_keys(int64_t query, int64_t key0, int64_t key_rows) {
   int64_t count = std::clamp<int64_t>(query - key0 + 1, 0, key_rows);
   while (count > 0 && !attention_visible(query, key0 + count - 1)) --count;
   return count;
 }
 
+int64_t first_visible_key(const int64_t* row_start, int64_t row, int64_t key0) {
+  return row_start ? std::max<int64_t>(row_start[row] - key0, 0) : 0;
+}
+
 // Tiles are visited only where the causal rule can make a key visible: a key tile starting
-// after a query tile's last query is skipped (any other mask only removes more keys).
+// after a query tile's last query is skipped (the document rule skips the tiles before the
+// first query's document where the loops begin).
 inline bool tile_may_see(int64_t last_query, int64_t key0) {
   return attention_visible(last_query, key0);
+}
+
+// The document start of each of the `rows` positions from `first` on of every sequence,
+// [B·rows], in the positions the starts are given in (empty without documents).
+std::vector<int64_t> row_document_starts(const Documents& documents, int64_t first, int64_t rows) {
+  std::vector<int64_t> start_of;
+  start_of.reserve(documents.starts.size() * size_t(rows));
+  for (const std::vector<int64_t>& starts : documents.starts)
+    for (int64_t t = first; t < first + rows; ++t) start_of.push_back(document_start(starts, t));
+  return start_of;
 }
 
 // Forward online-softmax step for one [kTile][kTile] score tile: scores become the
@@ -153,13 +172,15 @@ inline bool tile_may_see(int64_t last_query, int64_t key0) {
 // output accumulator are rescaled by exp(old max − new max).
 // q0 and k0 are the positions of the tiles' first query and key.
 ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float* row_max,
-                                             float* row_sum, int64_t q0, int64_t q_rows, int64_t k0,
-                                             int64_t k_rows, int64_t pdim) {
+                                             float* row_sum, const int64_t* row_start, int64_t q0,
+                                             int64_t q_rows, int64_t k0, int64_t k_rows,
+                                             int64_t pdim) {
   constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = scores + i * kTile;
     const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
-    if (visible == 0) {
+    const int64_t first = i < q_rows ? first_visible_key(row_start, i, k0) : 0;
+    if (visible <= first) {
       std::fill(p, p + kTile, 0.0f);
       continue;
     }
@@ -168,8 +189,8 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
 #pragma omp simd reduction(max : tile_max)
     for (int64_t j = 0; j < kTile; ++j) {
       const float score = p[j];
-      tile_max =
-          cpu::vector_max(tile_max, cpu::select(cpu::mask_if(j < visible), score, kMinusInfinity));
+      tile_max = cpu::vector_max(
+          tile_max, cpu::select(cpu::mask_if(j >= first && j < visible), score, kMinusInfinity));
     }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
@@ -177,7 +198,7 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < kTile; ++j) {
       const float value =
-          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
+          cpu::select(cpu::mask_if(j >= first && j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
       p[j] = value;
       sum += value;
     }
@@ -193,17 +214,18 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
 // where masked; tile_lse and tile_d hold lse and D of the tile's query rows; q0 and k0 are
 // the positions of the tiles' first query and key.
 ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const float* tile_lse,
-                                           const float* tile_d, int64_t q0, int64_t q_rows,
-                                           int64_t k0, int64_t k_rows) {
+                                           const float* tile_d, const int64_t* row_start,
+                                           int64_t q0, int64_t q_rows, int64_t k0, int64_t k_rows) {
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = probs + i * kTile;
     float* dp = dprobs + i * kTile;
     const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
+    const int64_t first = i < q_rows ? first_visible_key(row_start, i, k0) : 0;
     const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
     for (int64_t j = 0; j < kTile; ++j) {
       const float prob =
-          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
+          cpu::select(cpu::mask_if(j >= first && j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
       p[j] = prob;
       dp[j] = prob * (dp[j] - row_d);
     }
@@ -213,28 +235,32 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
 }  // namespace
 
 void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                        const Tensor& k, const Tensor& v) {
-  attention_block_forward_impl(out, lse, q, k, v, 0, 0, false);
+                                        const Tensor& k, const Tensor& v,
+                                        const Documents& documents) {
+  attention_block_forward_impl(out, lse, q, k, v, 0, 0, false, documents);
 }
 
 void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                          const Tensor& dout, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tensor& out, const Tensor& lse) {
-  block_backward(dq, dk, dv, dout, q, k, v, out, lse, 0, 0, false);
+                                         const Tensor& v, const Tensor& out, const Tensor& lse,
+                                         const Documents& documents) {
+  block_backward(dq, dk, dv, dout, q, k, v, out, lse, 0, 0, documents, false);
 }
 
 void CpuBackend::attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                                const Tensor& dout, const Tensor& q, const Tensor& k,
                                                const Tensor& v, const Tensor& out,
-                                               const Tensor& lse, int64_t q_first,
-                                               int64_t k_first) {
-  block_backward(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first, true);
+                                               const Tensor& lse, int64_t q_first, int64_t k_first,
+                                               const Documents& documents) {
+  block_backward(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first, documents, true);
 }
 
 void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                                               const Tensor& k, const Tensor& v, int64_t q_first,
-                                              int64_t k_first, bool merge) {
+                                              int64_t k_first, bool merge,
+                                              const Documents& documents) {
   const AttentionShape s = checked_shape(q, k, v, out, lse, "attention_forward");
+  const std::vector<int64_t> start_of = row_document_starts(documents, q_first, s.seq_len);
   const int64_t pdim = s.padded_dim;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;
@@ -268,6 +294,10 @@ void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& l
       const int64_t kv_h = h / group;
       const int64_t q0 = tile * kTile;
       const int64_t q_rows = std::min(kTile, s.seq_len - q0);
+      // Key tiles before the document of the tile's first row are masked whole: skipped.
+      const int64_t* row_start = start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
+      const int64_t first_key_tile =
+          row_start ? std::max<int64_t>(row_start[0] - k_first, 0) / kTile : 0;
 
       // The q tile is pre-scaled by 1/sqrt(d), so its products are the scaled scores.
       load_rows(q_tile, q_data + ((b * s.seq_len + q0) * s.q_heads + h) * s.dim, q_stride, q_rows,
@@ -277,7 +307,7 @@ void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& l
       std::fill(row_sum, row_sum + kTile, 0.0f);
 
       const int64_t last_query = q_first + q0 + q_rows - 1;
-      for (int64_t key_tile = 0; key_tile < s.tiles; ++key_tile) {
+      for (int64_t key_tile = first_key_tile; key_tile < s.tiles; ++key_tile) {
         const int64_t k0 = key_tile * kTile;
         if (!tile_may_see(last_query, k_first + k0)) break;
         const int64_t k_rows = std::min(kTile, s.seq_len - k0);
@@ -285,8 +315,8 @@ void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& l
         load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
         load_rows(v_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
         tile_matmul(scores, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
-        online_softmax_tile(scores, o_tile, row_max, row_sum, q_first + q0, q_rows, k_first + k0,
-                            k_rows, pdim);
+        online_softmax_tile(scores, o_tile, row_max, row_sum, row_start, q_first + q0, q_rows,
+                            k_first + k0, k_rows, pdim);
         tile_matmul(o_tile, scores, kTile, 1, v_tile, pdim, kTile, true);
       }
 
@@ -323,9 +353,11 @@ void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& l
 void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                int64_t q_first, int64_t k_first, bool accumulate) {
+                                int64_t q_first, int64_t k_first, const Documents& documents,
+                                bool accumulate) {
   const char* op = "attention_backward";
   const AttentionShape s = checked_shape(q, k, v, out, lse, op);
+  const std::vector<int64_t> start_of = row_document_starts(documents, q_first, s.seq_len);
   cpu::require_f32(dq, op, "dq");
   cpu::require_f32(dk, op, "dk");
   cpu::require_f32(dv, op, "dv");
@@ -389,6 +421,9 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
       const int64_t q_rows = std::min(kTile, s.seq_len - q0);
       const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
       const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
+      const int64_t* row_start = start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
+      const int64_t first_key_tile =
+          row_start ? std::max<int64_t>(row_start[0] - k_first, 0) / kTile : 0;
 
       load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
       load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
@@ -399,7 +434,7 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
       std::fill(dq_tile, dq_tile + kTile * pdim, 0.0f);
 
       const int64_t last_query = q_first + q0 + q_rows - 1;
-      for (int64_t key_tile = 0; key_tile < s.tiles; ++key_tile) {
+      for (int64_t key_tile = first_key_tile; key_tile < s.tiles; ++key_tile) {
         const int64_t k0 = key_tile * kTile;
         if (!tile_may_see(last_query, k_first + k0)) break;
         const int64_t k_rows = std::min(kTile, s.seq_len - k0);
@@ -409,8 +444,8 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
         load_rows(k_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
         tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
         tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q_first + q0, q_rows, k_first + k0,
-                          k_rows);
+        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, row_start, q_first + q0, q_rows,
+                          k_first + k0, k_rows);
         tile_matmul(dq_tile, dprobs, kTile, 1, k_tile, pdim, kTile, true);
       }
 
@@ -451,6 +486,15 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
       const int64_t k0 = key_tile * kTile;
       const int64_t k_rows = std::min(kTile, s.seq_len - k0);
       const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
+      // Query tiles that start after the document of the tile's last key are masked whole.
+      const int64_t query_end =
+          documents.none()
+              ? s.seq_len
+              : std::clamp<int64_t>(document_end(documents.starts[size_t(b)],
+                                                 k_first + k0 + k_rows - 1, q_first + s.seq_len) -
+                                        q_first,
+                                    0, s.seq_len);
+      const int64_t end_tile = (query_end + kTile - 1) / kTile;
 
       load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
       load_columns(vt_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
@@ -458,12 +502,14 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
       std::fill(dv_tile, dv_tile + kTile * pdim, 0.0f);
 
       for (int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
-        for (int64_t tile = 0; tile < s.tiles; ++tile) {
+        for (int64_t tile = 0; tile < end_tile; ++tile) {
           const int64_t q0 = tile * kTile;
           const int64_t q_rows = std::min(kTile, s.seq_len - q0);
           if (!tile_may_see(q_first + q0 + q_rows - 1, k_first + k0)) continue;
           const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
           const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
+          const int64_t* row_start =
+              start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
           load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
           load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
           std::fill(tile_lse, tile_lse + kTile, 0.0f);
@@ -472,8 +518,8 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
           std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
           tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
           tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q_first + q0, q_rows, k_first + k0,
-                            k_rows);
+          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, row_start, q_first + q0, q_rows,
+                            k_first + k0, k_rows);
           tile_matmul(dv_tile, probs, 1, kTile, do_tile, pdim, kTile, true);
           tile_matmul(dk_tile, dprobs, 1, kTile, q_tile, pdim, kTile, true);
         }

@@ -52,7 +52,8 @@ class CpuBackend final : public Backend {
   // Attention's backward over one block: dq, dk, dv overwritten, or added to (accumulate).
   void block_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                      const Tensor& lse, int64_t q_first, int64_t k_first, bool accumulate);
+                      const Tensor& lse, int64_t q_first, int64_t k_first,
+                      const Documents& documents, bool accumulate);
   void upload_impl(const Tensor& dst, const void* host_src) override;
   void download_impl(void* host_dst, const Tensor& src) override;
   void copy_impl(const Tensor& dst, const Tensor& src) override;
@@ -94,17 +95,21 @@ class CpuBackend final : public Backend {
   void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
 
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                              const Tensor& k, const Tensor& v) override;
+                              const Tensor& k, const Tensor& v,
+                              const Documents& documents) override;
   void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse) override;
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Documents& documents) override;
   void attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                                     const Tensor& k, const Tensor& v, int64_t q_first,
-                                    int64_t k_first, bool merge) override;
+                                    int64_t k_first, bool merge,
+                                    const Documents& documents) override;
   void attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                      const Tensor& dout, const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out, const Tensor& lse,
-                                     int64_t q_first, int64_t k_first) override;
+                                     int64_t q_first, int64_t k_first,
+                                     const Documents& documents) override;
 
   LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                int64_t tile_rows, float grad_scale, const Tensor& dhidden,
