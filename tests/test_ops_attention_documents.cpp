@@ -2,13 +2,16 @@
 // double-precision block-diagonal causal reference, backward against finite differences of
 // it, documents that start inside, at and across the 64-row tiles; a document's outputs and
 // gradients do not depend on another document's inputs at all (bit for bit); no documents
-// and one document are the same bits; bad document starts are refused.
+// and one document are the same bits; bad document starts are refused. Block attention (the
+// blocks of ring attention) at true positions, with the same documents, adds up to the whole.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/op_scratch.h"
@@ -215,6 +218,87 @@ TEST(CpuDocumentAttention, OneDocumentIsPlainCausalAttentionBitForBit) {
   EXPECT_EQ(none.dq, one.dq);
   EXPECT_EQ(none.dk, one.dk);
   EXPECT_EQ(none.dv, one.dv);
+}
+
+// Ring attention's blocks (docs/parallelism.md, "Ulysses × ring"): the sequence cut into 4
+// chunks of 50 rows (not tile-aligned), every query chunk against every key chunk at or
+// before it, in true positions, with the whole sequences' document starts; the forward merged
+// by log-sum-exp, the backward's shares added. Some blocks are hidden whole by a document
+// start (query chunk 3 of sequence 0 sees nothing before 130), which the first-block
+// (merge = false) path must leave as out 0, lse −inf. The result is the whole attention's.
+TEST(CpuDocumentAttention, BlocksAtTheirTruePositionsAddUpToTheWholeAttention) {
+  const DocumentCase c{2, 200, 4, 2, 16, {{0, 50, 100, 130}, {0, 10, 199}}, 0};
+  const int64_t B = c.batch, T = c.seq_len, Hq = c.q_heads, Hkv = c.kv_heads, d = c.dim;
+  constexpr int64_t kChunks = 4, C = 50;
+  const size_t q_size = size_t(B * T * Hq * d), kv_size = size_t(B * T * Hkv * d);
+  const std::vector<float> q = random_floats(q_size, 41, -2.0f, 2.0f);
+  const std::vector<float> k = random_floats(kv_size, 42, -2.0f, 2.0f);
+  const std::vector<float> v = random_floats(kv_size, 43);
+  const std::vector<float> dout = random_floats(q_size, 44);
+  const Documents documents{c.starts};
+  const AttentionRun whole = run(c, documents, q, k, v, dout);
+
+  // Rows [chunk·C, (chunk+1)·C) of each sequence of a [B, T, row] tensor, and back.
+  auto rows_of = [&](const std::vector<float>& x, int64_t row, int64_t chunk) {
+    std::vector<float> part;
+    for (int64_t b = 0; b < B; ++b)
+      part.insert(part.end(), x.begin() + (b * T + chunk * C) * row,
+                  x.begin() + (b * T + (chunk + 1) * C) * row);
+    return part;
+  };
+  auto put_rows = [&](std::vector<float>& x, int64_t row, int64_t chunk,
+                      const std::vector<float>& part) {
+    for (int64_t b = 0; b < B; ++b)
+      std::copy(part.begin() + b * C * row, part.begin() + (b + 1) * C * row,
+                x.begin() + (b * T + chunk * C) * row);
+  };
+  CpuBackend backend;
+  std::vector<float> out(q_size), lse(size_t(B * Hq * T)), dq(q_size), dk(kv_size), dv(kv_size);
+  std::vector<Buffer> qs, ks, vs, dos, outs, lses, dqs, dks, dvs;
+  for (int64_t chunk = 0; chunk < kChunks; ++chunk) {
+    qs.push_back(make_f32(backend, {B, C, Hq, d}, rows_of(q, Hq * d, chunk)));
+    ks.push_back(make_f32(backend, {B, C, Hkv, d}, rows_of(k, Hkv * d, chunk)));
+    vs.push_back(make_f32(backend, {B, C, Hkv, d}, rows_of(v, Hkv * d, chunk)));
+    dos.push_back(make_f32(backend, {B, C, Hq, d}, rows_of(dout, Hq * d, chunk)));
+    outs.push_back(backend.alloc(MemCategory::activations, DType::f32, {B, C, Hq, d}, "out"));
+    lses.push_back(backend.alloc(MemCategory::activations, DType::f32, {B, Hq, C}, "lse"));
+    dqs.push_back(backend.alloc_zeroed(MemCategory::activations, DType::f32, {B, C, Hq, d}, "dq"));
+    dks.push_back(backend.alloc_zeroed(MemCategory::activations, DType::f32, {B, C, Hkv, d}, "dk"));
+    dvs.push_back(backend.alloc_zeroed(MemCategory::activations, DType::f32, {B, C, Hkv, d}, "dv"));
+  }
+  for (int64_t qc = 0; qc < kChunks; ++qc)
+    for (int64_t kc = 0; kc <= qc; ++kc)
+      backend.attention_block_forward(outs[size_t(qc)], lses[size_t(qc)], qs[size_t(qc)],
+                                      ks[size_t(kc)], vs[size_t(kc)], qc * C, kc * C, kc > 0,
+                                      documents);
+  for (int64_t qc = 0; qc < kChunks; ++qc)
+    for (int64_t kc = 0; kc <= qc; ++kc)
+      backend.attention_block_backward(dqs[size_t(qc)], dks[size_t(kc)], dvs[size_t(kc)],
+                                       dos[size_t(qc)], qs[size_t(qc)], ks[size_t(kc)],
+                                       vs[size_t(kc)], outs[size_t(qc)], lses[size_t(qc)], qc * C,
+                                       kc * C, documents);
+  for (int64_t chunk = 0; chunk < kChunks; ++chunk) {
+    put_rows(out, Hq * d, chunk, read_f32(backend, outs[size_t(chunk)]));
+    put_rows(dq, Hq * d, chunk, read_f32(backend, dqs[size_t(chunk)]));
+    put_rows(dk, Hkv * d, chunk, read_f32(backend, dks[size_t(chunk)]));
+    put_rows(dv, Hkv * d, chunk, read_f32(backend, dvs[size_t(chunk)]));
+    const std::vector<float> chunk_lse = read_f32(backend, lses[size_t(chunk)]);  // [B·Hq, C]
+    for (int64_t bh = 0; bh < B * Hq; ++bh)
+      std::copy(chunk_lse.begin() + bh * C, chunk_lse.begin() + (bh + 1) * C,
+                lse.begin() + bh * T + chunk * C);
+  }
+  // As the whole attention's own check: 1e-5 of the double reference for out and lse.
+  std::vector<double> expected_lse;
+  const std::vector<double> expected =
+      reference(c, to_double(q), to_double(k), to_double(v), &expected_lse);
+  EXPECT_LT(relative_error(out, expected), 1e-5);
+  EXPECT_LT(relative_error(lse, expected_lse), 1e-5);
+  // The gradients are the whole attention's sums grouped by block: fp32 sums of at most T
+  // terms in another order differ by at most 2·(T − 1) unit round-offs of their scale.
+  const double grouping = 2.0 * double(T - 1) * std::ldexp(1.0, -24);
+  EXPECT_LT(relative_error(dq, to_double(whole.dq)), grouping);
+  EXPECT_LT(relative_error(dk, to_double(whole.dk)), grouping);
+  EXPECT_LT(relative_error(dv, to_double(whole.dv)), grouping);
 }
 
 TEST(CpuDocumentAttention, RefusesStartsThatDoNotFit) {

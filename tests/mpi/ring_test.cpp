@@ -3,7 +3,8 @@
 // AdamW steps on the same global batch as one rank. The first step's loss and every gradient
 // tensor agree within 1e-6 relative (issue 30), and the whole run within the bounds the
 // arithmetic allows (tests/mpi/training_bounds.h). A 12-head model, which Ulysses alone
-// cannot spread over 8 ranks, trains at sp 8 as Ulysses 4 × ring 2.
+// cannot spread over 8 ranks, trains at sp 8 as Ulysses 4 × ring 2. Packed documents and a
+// padded length train through the ring as on one rank too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -125,6 +126,51 @@ TEST_F(Ring, ComposesWithMemoryAndScheduleOptions) {
     expect_matches_one_rank(with_ring(config, 2), world(),
                             std::string("ulysses 2 x ring 2, ") + option.name);
   }
+}
+
+// Packed documents (docs/parallelism.md, "Packed documents") and a length sp does not divide
+// ("Any length under any sp") through the ring, 4 ranks (Ulysses 2 × ring 2 and 1 × 4) against
+// one rank: three synthetic documents of 21 (20 when padded) tokens, whose starts fall inside
+// the zigzag chunks of 16 tokens, so blocks mask at true positions and some are skipped
+// whole. With seq_len 62 the two padding tokens are a document of their own.
+TEST_F(Ring, PackedDocumentsAndPaddingMatchOneRank) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  for (int ring : {2, 4}) {
+    for (const char* family : {"llama", "gpt2"}) {
+      for (int64_t seq_len : {64, 62}) {
+        Config config = tiny_training_config(family, 2, 4, 1);
+        config.data.documents = DataDocuments::eos;
+        config.data.documents_per_sequence = 3;
+        config.train.seq_len = seq_len;
+        expect_matches_one_rank(with_ring(config, ring), world(),
+                                std::string(family) + " 3 documents, seq_len " +
+                                    std::to_string(seq_len) + ", ulysses " +
+                                    std::to_string(4 / ring) + " x ring " + std::to_string(ring));
+      }
+    }
+  }
+}
+
+// The zigzag cuts the sequence as the ranks hold it, padded to a multiple of sp, into 2·ring
+// chunks: 57 tokens on sp 4 are held as 60, which 8 chunks (ring 4) do not split; the refusal
+// names the padded length and a length that works.
+TEST_F(Ring, RefusesAPaddedLengthTheZigzagCannotSplit) {
+  Config config = tiny_training_config("llama", 2, 4, 1);
+  config.train.seq_len = 57;
+  config.parallel.ring = 4;
+  try {
+    validate_for_world(config, 4);
+    ADD_FAILURE() << "seq_len 57 on sp 4 x ring 4 was accepted";
+  } catch (const ConfigError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("train.seq_len has length 57 (padded to 60 on parallel.sp=4)"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("2 * parallel.ring=8"), std::string::npos) << message;
+    EXPECT_NE(message.find("e.g. use 64"), std::string::npos) << message;
+  }
+  config.parallel.ring = 2;  // 60 splits into 4 chunks of 15
+  EXPECT_NO_THROW(validate_for_world(config, 4));
 }
 
 // 12 heads do not divide over 8 ranks: Ulysses alone refuses sp 8, and the refusal lists the
