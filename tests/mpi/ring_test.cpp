@@ -149,6 +149,18 @@ TEST_F(Ring, PackedDocumentsAndPaddingMatchOneRank) {
       }
     }
   }
+  // The documents through UPipe head stages, overlap and layer checkpointing (each stage's
+  // attention is ring attention with the same starts).
+  Config config = tiny_training_config("llama", 2, 4, 1);
+  config.data.documents = DataDocuments::eos;
+  config.data.documents_per_sequence = 3;
+  config.train.seq_len = 62;
+  config.parallel.head_chunks = 2;
+  config.parallel.overlap = true;
+  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
+  expect_matches_one_rank(with_ring(config, 2), world(),
+                          "llama 3 documents, seq_len 62, ulysses 2 x ring 2, head chunks 2 + "
+                          "overlap + layer checkpointing");
 }
 
 // The zigzag cuts the sequence as the ranks hold it, padded to a multiple of sp, into 2·ring
