@@ -243,7 +243,7 @@ class Backend {
                                bool merge, const Documents& documents = {});
   // dq += , dk += , dv += this block's share of the gradient; out and lse are those of the
   // whole attention (every block merged), so P = exp(S − lse) is the block's part of the
-  // softmax.
+  // softmax; documents as the forward had them.
   void attention_block_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse,
