@@ -1,4 +1,5 @@
-// The native attention kernels (see cuda_attention.cu for the design), apart from their
+// The native attention kernels on FMA units (see cuda_attention.cu for the design), for the
+// head dims and tensors the tensor-core kernels (cuda_attention_mma.cuh) do not take; apart from their
 // launches so that they can also run on the host: tests/test_cuda_attention_emulated.cpp
 // and tests/test_backend_ops.cpp execute them thread by thread. The device environment is
 // kernels/cuda/cuda_device.cuh (on the host, tests/cuda_emulation.h included first).
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/cuda_attention_mask.cuh"
 #include "kernels/cuda/cuda_device.cuh"
 
 namespace ulysses::cuda_attention {
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
       const float score =
           row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
       // Key k0 is visible from every row of this block, so the row max is always finite.
-      scores[j] = key <= query && key < T ? score : -INFINITY;
+      scores[j] = key_visible(query, key) && key < T ? score : -INFINITY;
       tile_max = fmaxf(tile_max, scores[j]);
     }
     const float new_max = fmaxf(row_max, quad_max(tile_max));
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     for (int j = 0; j < kScoresPerThread; ++j) {
       const int column = quad + 4 * j;
       const int64_t key = k0 + column;
-      const bool visible = key <= query && key < T && query < T;
+      const bool visible = key_visible(query, key) && key < T && query < T;
       const float score =
           row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
       const float p = visible ? __expf(score - row_lse) : 0.0f;
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
       for (int j = 0; j < kScoresPerThread; ++j) {
         const int column = quad + 4 * j;
         const int64_t key = k0 + column;
-        const bool visible = key <= query && key < T && query < T;
+        const bool visible = key_visible(query, key) && key < T && query < T;
         const float score =
             row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
         const float p = visible ? __expf(score - row_lse) : 0.0f;
