@@ -57,8 +57,10 @@ struct Block {
   std::unique_ptr<std::barrier<>> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<float> lanes;              // one shuffle slot per thread
-  std::vector<uint32_t> fragments;       // mma_m16n8k16's a and b registers, 6 per thread
-  std::vector<const bf16*> matrix_rows;  // ldmatrix's row addresses, one per thread
+  // The warp exchanges of mma_m16n8k16 (a and b registers, 6 per thread) and ldmatrix (a row
+  // address per thread), in two sets used in turn (see exchange_set).
+  std::vector<uint32_t> fragments;
+  std::vector<const bf16*> matrix_rows;
 };
 inline Block* block = nullptr;
 
@@ -192,6 +194,16 @@ struct AsyncCopies {
 };
 inline thread_local AsyncCopies async_copies;
 
+// Every lane of a warp makes the same sequence of mma and ldmatrix exchanges. Exchange n
+// writes set n % 2 and waits once for the warp; a lane can then write exchange n + 1 (the
+// other set) while the others still read set n % 2, and set n % 2 is written again only after
+// the barrier of exchange n + 1, which every lane reaches after reading exchange n. One
+// barrier per exchange, not two.
+inline thread_local unsigned exchanges = 0;
+inline unsigned exchange_set() {
+  return exchanges++ % 2;
+}
+
 }  // namespace emulation
 
 inline uint32_t pack_bf16(float lo, float hi) {
@@ -206,12 +218,13 @@ inline uint32_t pack_bf16(float lo, float hi) {
 inline void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   emulation::Block& block = *emulation::block;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint32_t* mine = &block.fragments[size_t(threadIdx.x) * 6];
+  uint32_t* set = &block.fragments[size_t(emulation::exchange_set()) * blockDim.x * 6];
+  uint32_t* mine = set + size_t(threadIdx.x) * 6;
   for (int i = 0; i < 4; ++i) mine[i] = a[i];
   mine[4] = b[0];
   mine[5] = b[1];
   block.warps[warp]->arrive_and_wait();
-  const uint32_t* warp_fragments = &block.fragments[size_t(warp) * 32 * 6];
+  const uint32_t* warp_fragments = set + size_t(warp) * 32 * 6;
   auto half_of = [](uint32_t word, int k) {
     return bf16_to_float(k % 2 == 0 ? emulation::low_half(word) : emulation::high_half(word));
   };
@@ -223,15 +236,12 @@ inline void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     const int holder = column * 4 + (k % 8) / 2, reg = 4 + k / 8;
     return half_of(warp_fragments[holder * 6 + reg], k);
   };
-  float result[4];
   for (int i = 0; i < 4; ++i) {
     const int row = int(lane / 4) + 8 * (i / 2), column = 2 * int(lane % 4) + i % 2;
     float sum = 0.0f;
     for (int k = 0; k < 16; ++k) sum += a_at(row, k) * b_at(k, column);
-    result[i] = d[i] + sum;
+    d[i] += sum;
   }
-  block.warps[warp]->arrive_and_wait();  // the slots are free for the next exchange
-  for (int i = 0; i < 4; ++i) d[i] = result[i];
 }
 
 namespace emulation {
@@ -243,9 +253,10 @@ inline void ldmatrix(uint32_t r[4], const bf16* row, bool transposed) {
   check_shared(row, 16, 16, "ldmatrix row address outside shared memory or not 16-byte aligned");
   Block& b = *block;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  b.matrix_rows[threadIdx.x] = row;
+  const bf16** set = &b.matrix_rows[size_t(exchange_set()) * blockDim.x];
+  set[threadIdx.x] = row;
   b.warps[warp]->arrive_and_wait();
-  const bf16* const* rows = &b.matrix_rows[size_t(warp) * 32];
+  const bf16* const* rows = set + size_t(warp) * 32;
   for (unsigned i = 0; i < 4; ++i) {
     if (!transposed) {
       const bf16* source = rows[8 * i + lane / 4] + 2 * (lane % 4);
@@ -255,7 +266,6 @@ inline void ldmatrix(uint32_t r[4], const bf16* row, bool transposed) {
       r[i] = pack_bits(rows[first][lane / 4].bits, rows[first + 1][lane / 4].bits);
     }
   }
-  b.warps[warp]->arrive_and_wait();
 }
 
 }  // namespace emulation
@@ -316,8 +326,8 @@ inline void launch(dim3 grid, unsigned threads, size_t shared_bytes,
     for (unsigned w = 0; w < (threads + 31) / 32; ++w)
       current.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
     current.lanes.assign(threads, 0.0f);
-    current.fragments.assign(size_t(threads) * 6, 0u);
-    current.matrix_rows.assign(threads, nullptr);
+    current.fragments.assign(size_t(threads) * 6 * 2, 0u);
+    current.matrix_rows.assign(size_t(threads) * 2, nullptr);
   };
   block = &current;
   std::vector<std::thread> workers;
@@ -329,6 +339,7 @@ inline void launch(dim3 grid, unsigned threads, size_t shared_bytes,
         between_blocks.arrive_and_wait();
         blockIdx = dim3(index % grid.x, index / grid.x % grid.y, index / (grid.x * grid.y));
         async_copies = AsyncCopies{};  // what a previous block left in flight is not this block's
+        exchanges = 0;
         body();
         current.warps[t / 32]->arrive_and_drop();
         current.all->arrive_and_drop();
