@@ -56,7 +56,7 @@ struct Block {
   std::vector<unsigned char> shared;
   std::unique_ptr<std::barrier<>> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<float> lanes;              // one shuffle slot per thread
+  std::vector<float> lanes;  // one shuffle slot per thread
   // The warp exchanges of mma_m16n8k16 (a and b registers, 6 per thread) and ldmatrix (a row
   // address per thread), in two sets used in turn (see exchange_set).
   std::vector<uint32_t> fragments;
@@ -211,9 +211,9 @@ inline uint32_t pack_bf16(float lo, float hi) {
 }
 
 // d[16×8] += a[16×16]·b[16×8] for the warp. Lane l (group g = l / 4, t = l % 4) holds
-//   a: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, +9], a[3] = A[g+8][2t+8, +9]
-//   b: b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]
-//   d: d[0], d[1] = D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]
+//   a: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, +9], a[3] = A[g+8][2t+8,
+//   +9] b: b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g] d: d[0], d[1] = D[g][2t, 2t+1], d[2],
+//   d[3] = D[g+8][2t, 2t+1]
 // The products of bf16 are exact in fp32; the sum runs in k order, then adds d.
 inline void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   emulation::Block& block = *emulation::block;

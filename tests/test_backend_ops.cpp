@@ -22,6 +22,11 @@
 //   cuda_loss_kernels.cuh         loss_rows_kernel without the __syncthreads after the max:
 //                                 LmHeadLoss
 //   cuda_attention_kernels.cuh    attention_dkv_kernel query tiles from key_tile + 1: Attention
+//                                 (seen with the FMA kernels, before the tensor-core ones)
+//   cuda_attention_mma.cuh        warp_tile_pb with P's A registers 1 and 2 swapped: Attention
+//   cuda_attention_mma.cuh        fragment_row 8·(i % 2) instead of 8·(i / 2): Attention
+//   cuda_attention_mma.cuh        the forward without cp_async_wait: Attention
+//   cuda_attention_mask.cuh       the diagonal tile left unmasked: Attention
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -586,12 +591,12 @@ std::vector<double> attention_reference(const AttentionShape& s, const std::vect
 }
 
 TEST_P(BackendOps, Attention) {
-  // One token; GQA groups 1–4; T not a multiple of the 64-row tile; both kernel widths.
-  const std::vector<AttentionShape> shapes = {{1, 1, 1, 1, 16},
-                                              {2, 17, 4, 2, 16},
-                                              {1, 65, 3, 1, 64},
-                                              {1, 33, 4, 1, 64},
-                                              {1, 70, 2, 2, 128}};
+  // One token; GQA groups 1–4; T not a multiple of the 64-row tile; both kernel widths. On
+  // the cuda columns head dims 16, 64 and 128 run the tensor-core kernels, 12 the FMA ones
+  // (kernels/cuda/cuda_attention.cu).
+  const std::vector<AttentionShape> shapes = {{1, 1, 1, 1, 16},   {2, 17, 4, 2, 16},
+                                              {1, 65, 3, 1, 64},  {1, 33, 4, 1, 64},
+                                              {1, 70, 2, 2, 128}, {1, 20, 2, 1, 12}};
   const DType dtype = attention_dtype();
   // bf16 chains several roundings (P, dS) (docs/cuda.md).
   const double tolerance = dtype == DType::bf16 ? 3e-2 : 1e-4;

@@ -20,6 +20,7 @@
 
 #include "tests/cuda_emulation.h"
 // After the emulation, which provides the device environment.
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_attention_kernels.cuh"
 #include "kernels/cuda/cuda_attention_mma.cuh"
 
@@ -204,8 +205,8 @@ void run_backward(Kernels kernels, const Inputs& in, Outputs& o) {
                                 o.lse.data(), row_dot.data(), dims);
     });
     launch(attention_dkv_launch(dims, s.batch), [&] {
-      attention_dkv_kernel<kDim>(o.dk.data(), o.dv.data(), in.dout.data(), in.q.data(),
-                                 in.k.data(), in.v.data(), o.lse.data(), row_dot.data(), dims);
+      attention_dkv_kernel<kDim>(o.dk.data(), o.dv.data(), in.dout.data(), in.q.data(), in.k.data(),
+                                 in.v.data(), o.lse.data(), row_dot.data(), dims);
     });
   }
 }
@@ -243,8 +244,8 @@ TEST_P(EmulatedAttention, MatchesCausalAttentionInDouble) {
   const Inputs in = random_inputs(c.shape);
   if (c.kernels == Kernels::tensor_cores) {
     // The inputs are as the backend's buffers: the tensor-core kernels take them.
-    ASSERT_TRUE(mma_attention_fits(c.shape.dim, in.q.data(), in.k.data(), in.v.data(),
-                                   in.dout.data()));
+    ASSERT_TRUE(
+        mma_attention_fits(c.shape.dim, in.q.data(), in.k.data(), in.v.data(), in.dout.data()));
   }
   Outputs o(c.shape);
   forward(c.kernels, in, o);
@@ -288,8 +289,8 @@ TEST(EmulatedAttentionInterface, EitherForwardFeedsEitherBackward) {
   Outputs fma_forward(s), mma_forward(s);
   forward(Kernels::fma, in, fma_forward);
   forward(Kernels::tensor_cores, in, mma_forward);
-  EXPECT_LT(relative_error(mma_forward.lse, std::vector<double>(fma_forward.lse.begin(),
-                                                                fma_forward.lse.end())),
+  EXPECT_LT(relative_error(mma_forward.lse,
+                           std::vector<double>(fma_forward.lse.begin(), fma_forward.lse.end())),
             kLseTolerance);
   backward(Kernels::tensor_cores, in, fma_forward);
   expect_matches(fma_forward, e, "fma forward, tensor-core backward");
@@ -297,11 +298,19 @@ TEST(EmulatedAttentionInterface, EitherForwardFeedsEitherBackward) {
   expect_matches(mma_forward, e, "tensor-core forward, fma backward");
 }
 
+// The log line (kernels/backend.h) names the kernels this rule picks.
+TEST(EmulatedAttentionInterface, TheLogSaysWhichKernelsRun) {
+  for (int dim = 1; dim <= 2 * kMaxHeadDim; ++dim)
+    EXPECT_EQ(native_attention_kernels(dim).find("tensor cores") != std::string::npos,
+              mma_head_dim(dim))
+        << dim;
+}
+
 // The emulated instructions agree with each other as the PTX ISA has them: a 16×16 A and a
 // 16×16 B (two n-tiles) loaded from shared memory by ldmatrix (B both ways: [n][k] rows
 // plain, [k][n] rows transposed), multiplied by mma, give A·B in the accumulator layout.
 TEST(EmulatedTensorCores, LdmatrixAndMmaComputeAMatrixProduct) {
-  constexpr int kStride = 24;  // bf16 per row: 16-byte aligned rows
+  constexpr int kStride = 24;                 // bf16 per row: 16-byte aligned rows
   std::vector<float> a(16 * 16), b(16 * 16);  // row-major A[m][k], B[k][n]
   std::mt19937 engine(5);
   std::uniform_int_distribution<int> small(-8, 8);  // exact in bf16 and in fp32 sums

@@ -112,8 +112,7 @@ void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, co
   const auto* q_data = static_cast<const bf16*>(q.data);
   const auto* k_data = static_cast<const bf16*>(k.data);
   const auto* v_data = static_cast<const bf16*>(v.data);
-  const bool tensor_cores =
-      mma_attention_fits(dims.dim, q.data, k.data, v.data, dout.data);
+  const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, dout.data);
   const LaunchShape dq_shape =
       tensor_cores ? attention_dq_mma_launch(dims, batch) : attention_dq_launch(dims, batch);
   const LaunchShape dkv_shape =

@@ -119,8 +119,7 @@ __device__ void warp_tile_pb(float acc[kDim / 8][4], const float p[kScoreTiles][
   const int lane = threadIdx.x % 32;
   const int b_row = lane % 8 + lane / 8 % 2 * 8, b_column = lane / 16 * 8;
   for (int j = 0; j < kScoreTiles / 2; ++j) {
-    const uint32_t a[4] = {pack_bf16(p[2 * j][0], p[2 * j][1]),
-                           pack_bf16(p[2 * j][2], p[2 * j][3]),
+    const uint32_t a[4] = {pack_bf16(p[2 * j][0], p[2 * j][1]), pack_bf16(p[2 * j][2], p[2 * j][3]),
                            pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]),
                            pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3])};
     for (int n = 0; n < kDim / 8 && 8 * n < dim; n += 2) {
@@ -145,8 +144,7 @@ __device__ void store_rows(bf16* dst, const float acc[kDim / 8][4], const float 
       const int column = fragment_column(lane, n, 2 * half);
       if (column >= dim) break;
       dst[row * row_stride + column] = __float2bfloat16_rn(acc[n][2 * half] * scale[half]);
-      dst[row * row_stride + column + 1] =
-          __float2bfloat16_rn(acc[n][2 * half + 1] * scale[half]);
+      dst[row * row_stride + column + 1] = __float2bfloat16_rn(acc[n][2 * half + 1] * scale[half]);
     }
   }
 }
@@ -156,8 +154,8 @@ __device__ void store_rows(bf16* dst, const float acc[kDim / 8][4], const float 
 // query rows. Shared memory: Q, then K and V twice (double buffer).
 template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
-    attention_forward_mma_kernel(bf16* out, float* lse, const bf16* q, const bf16* k,
-                                 const bf16* v, AttentionDims dims) {
+    attention_forward_mma_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                 AttentionDims dims) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* q_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* k_tiles = q_tile + kTileElements;
@@ -196,9 +194,9 @@ __global__ void __launch_bounds__(kMmaThreads)
       copy_tile_async<kDim>(v_tiles + (1 - buffer) * kTileElements, v_head, next, T, kv_row_stride,
                             D);
     }
-    cp_async_commit();    // possibly empty: the wait below always leaves exactly the newest
-    cp_async_wait<1>();   // this tile's group has landed, the next one may still be in flight
-    __syncthreads();      // and every thread's part of it
+    cp_async_commit();   // possibly empty: the wait below always leaves exactly the newest
+    cp_async_wait<1>();  // this tile's group has landed, the next one may still be in flight
+    __syncthreads();     // and every thread's part of it
     const bf16* k_tile = k_tiles + buffer * kTileElements;
     const bf16* v_tile = v_tiles + buffer * kTileElements;
 
@@ -257,9 +255,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 // of 16 query rows. Shared memory: Q, dO, then K and V twice.
 template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
-    attention_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k,
-                            const bf16* v, const float* lse, const float* dout_dot_out,
-                            AttentionDims dims) {
+    attention_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                            const float* lse, const float* dout_dot_out, AttentionDims dims) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* q_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* do_tile = q_tile + kTileElements;
@@ -415,8 +412,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     warp_tile_abt<kDim>(s, k_tile, warp * kWarpRows, q_tile, D);
     warp_tile_abt<kDim>(dp, v_tile, warp * kWarpRows, do_tile, D);
     // Padding query rows (query ≥ T) would add to every key's dK, dV: masked too.
-    const bool all_visible =
-        tiles_fully_visible(q0, warp_k0 + kWarpRows - 1) && q0 + kMmaRows <= T;
+    const bool all_visible = tiles_fully_visible(q0, warp_k0 + kWarpRows - 1) && q0 + kMmaRows <= T;
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
         const int column = fragment_column(lane, n, i);
@@ -442,20 +438,19 @@ constexpr size_t mma_tile_bytes(int kernel_width) {
 
 // Grid (query tiles, q heads, batch); shared memory Q + 2·(K, V).
 inline LaunchShape attention_forward_mma_launch(const AttentionDims& dims, int64_t batch) {
-  return {dim3(query_tiles(dims), unsigned(dims.q_heads), unsigned(batch)),
-          unsigned(kMmaThreads), 5 * mma_tile_bytes(kernel_dim(dims.dim))};
+  return {dim3(query_tiles(dims), unsigned(dims.q_heads), unsigned(batch)), unsigned(kMmaThreads),
+          5 * mma_tile_bytes(kernel_dim(dims.dim))};
 }
 
 // Grid (query tiles, q heads, batch); shared memory Q, dO + 2·(K, V).
 inline LaunchShape attention_dq_mma_launch(const AttentionDims& dims, int64_t batch) {
-  return {dim3(query_tiles(dims), unsigned(dims.q_heads), unsigned(batch)),
-          unsigned(kMmaThreads), 6 * mma_tile_bytes(kernel_dim(dims.dim))};
+  return {dim3(query_tiles(dims), unsigned(dims.q_heads), unsigned(batch)), unsigned(kMmaThreads),
+          6 * mma_tile_bytes(kernel_dim(dims.dim))};
 }
 
 // Grid (key tiles, kv heads, batch); shared memory K, V + 2·(Q, dO, lse, D).
 inline LaunchShape attention_dkv_mma_launch(const AttentionDims& dims, int64_t batch) {
-  return {dim3(query_tiles(dims), unsigned(dims.kv_heads), unsigned(batch)),
-          unsigned(kMmaThreads),
+  return {dim3(query_tiles(dims), unsigned(dims.kv_heads), unsigned(batch)), unsigned(kMmaThreads),
           6 * mma_tile_bytes(kernel_dim(dims.dim)) + 2 * 2 * kMmaRows * sizeof(float)};
 }
 
