@@ -61,9 +61,9 @@ using FieldRef =
     std::variant<int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&),
                  bool& (*)(Config&), std::string& (*)(Config&), Device& (*)(Config&),
                  Family& (*)(Config&), LrSchedule& (*)(Config&), OnNonfinite& (*)(Config&),
-                 DataSource& (*)(Config&), DataOrder& (*)(Config&), DeviceComm& (*)(Config&),
-                 ProgressThreadSetting& (*)(Config&), ActivationCheckpointing& (*)(Config&),
-                 AttentionKernel& (*)(Config&)>;
+                 DataSource& (*)(Config&), DataOrder& (*)(Config&), DataDocuments& (*)(Config&),
+                 DeviceComm& (*)(Config&), ProgressThreadSetting& (*)(Config&),
+                 ActivationCheckpointing& (*)(Config&), AttentionKernel& (*)(Config&)>;
 
 // One config key, declared once: parsing, overrides, unknown-key suggestions, range and
 // choice checks, config_to_yaml (--dry-run) and the key tables of docs/configuration.md
@@ -120,8 +120,8 @@ const std::vector<Field>& fields() {
        "a sequence-length curriculum (<a id=\"curriculum\"></a>): e.g. "
        "`\"256@0, 1024x8@400, 4096x4@500\"` trains at 256 tokens from step 0, at 1024 with 8 "
        "sequences per rank from step 400 and at 4096 with 4 from step 500. Stages start at step "
-       "0, lengths grow, the last is `train.seq_len`; each length must be divisible by "
-       "`parallel.sp`; a stage without `xBATCH` uses `train.batch_size`. At each change the "
+       "0, lengths grow, the last is `train.seq_len`; a length `parallel.sp` does not divide is "
+       "padded; a stage without `xBATCH` uses `train.batch_size`. At each change the "
        "model is rebuilt for the new shape (weights kept, through the host; optimizer moments "
        "stay), the data reopened, and the log says so. Length and batch are functions of the "
        "step, so resume is exact. `plan` plans the last stage; a run plans every stage against "
@@ -191,6 +191,20 @@ const std::vector<Field>& fields() {
        "stream order every epoch (as llm.c reads its shards with shuffling off; the seed does "
        "not matter then); synthetic sequences are generated from their index, so the order "
        "does not apply"},
+      {ULYSSES_KEY(data.documents),
+       {},
+       "",
+       "`eos`: sequences are packed documents, cut after each end-of-text token (`text`: also "
+       "after each blank line) and packed greedily into `train.seq_len` windows; attention is "
+       "masked to each document, RoPE and learned positions restart at each, and a document's "
+       "last token is not scored against the next one's first (docs/parallelism.md, \"Packed "
+       "documents\"); `synthetic`: `documents_per_sequence` passkey documents per sequence"},
+      {ULYSSES_KEY(data.eos_id), at_least(-1), "below `model.vocab_size`",
+       "end-of-text token id for `documents: eos`; -1 = the source's: 256 for `text`, 50256 "
+       "(GPT-2's end of text) for `tokens`"},
+      {ULYSSES_KEY(data.documents_per_sequence), at_least(1), "",
+       "synthetic with `documents: eos`: passkey documents per sequence, each with its own "
+       "keys and queries"},
       {ULYSSES_KEY(data.n_pairs), at_least(1), "at most `n_keys`",
        "synthetic: key-value pairs planted per sequence"},
       {ULYSSES_KEY(data.n_queries), at_least(1), "at most `n_pairs`",
@@ -202,7 +216,7 @@ const std::vector<Field>& fields() {
       {ULYSSES_KEY(data.plant_fraction), between(0, 1, true, false), "",
        "synthetic: pairs are planted in this first fraction of the sequence"},
 
-      {ULYSSES_KEY(parallel.sp), at_least(1), "divides the world, `n_heads` and `seq_len`",
+      {ULYSSES_KEY(parallel.sp), at_least(1), "divides the world and `n_heads`",
        "ranks per sequence-parallel group; the rest of the world is data parallel"},
       {ULYSSES_KEY(parallel.zero_stage), between(0, 3), "",
        "state sharded over the whole dp×sp world (docs/memory.md): 0 replicated, gradients "
@@ -418,6 +432,9 @@ const std::vector<std::string>& names_of(DataSource) {
 }
 const std::vector<std::string>& names_of(DataOrder) {
   return kDataOrderNames;
+}
+const std::vector<std::string>& names_of(DataDocuments) {
+  return kDataDocumentsNames;
 }
 const std::vector<std::string>& names_of(DeviceComm) {
   return kDeviceCommNames;
@@ -1046,6 +1063,12 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
                   "and at most 128, but it is " +
                       std::to_string(head_dim) + "; use kernels.attention: native");
   }
+  if (c.kernels.attention == AttentionKernel::cudnn && c.data.documents == DataDocuments::eos) {
+    reader.fail("kernels.attention",
+                "cudnn cannot mask packed documents (" + show("data.documents") +
+                    "): cuDNN's graphs here have no document mask; use kernels.attention: "
+                    "native or auto");
+  }
   check_model_size(reader, c);
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.
@@ -1126,6 +1149,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text, overrides, path, warnings);
 }
 
+bool has_padding(const Config& config, int sp) {
+  if (config.train.seq_len % sp != 0) return true;
+  for (const SeqLenStage& stage : parse_seq_len_schedule(config.train.seq_len_schedule))
+    if (stage.seq_len % sp != 0) return true;
+  return false;
+}
+
+bool attention_has_documents(const Config& config) {
+  return config.data.documents == DataDocuments::eos || has_padding(config, config.parallel.sp);
+}
+
 void validate_for_world(const Config& config, int world_size) {
   const int sp = config.parallel.sp;
   const int n_heads = config.model.n_heads;
@@ -1156,21 +1190,14 @@ void validate_for_world(const Config& config, int world_size) {
                       "== 0, or replicated when sp % n_kv_heads == 0, and neither holds; on " +
                       std::to_string(world_size) + " ranks sp can be " + join_choices(working));
   }
-  if (config.train.seq_len % sp != 0) {
-    int below = config.train.seq_len / sp * sp;
-    throw ConfigError("train.seq_len=" + std::to_string(config.train.seq_len) +
-                      " is not divisible by parallel.sp=" + std::to_string(sp) +
-                      "; every rank holds an equal slice, e.g. use " +
-                      (below > 0 ? std::to_string(below) + " or " : "") +
-                      std::to_string(below + sp));
-  }
-  for (const SeqLenStage& stage : parse_seq_len_schedule(config.train.seq_len_schedule)) {
-    if (stage.seq_len % sp != 0)
-      throw ConfigError("train.seq_len_schedule: the stage at step " +
-                        std::to_string(stage.first_step) + " has length " +
-                        std::to_string(stage.seq_len) + ", not divisible by parallel.sp=" +
-                        std::to_string(sp) + "; every rank holds an equal slice");
-  }
+  // Any train.seq_len works: a length sp does not divide is padded to the next multiple
+  // (docs/parallelism.md, "Any length under any sp"), masked as a document of its own, which
+  // cuDNN's attention here cannot do.
+  if (config.kernels.attention == AttentionKernel::cudnn && has_padding(config, sp))
+    throw ConfigError("kernels.attention: cudnn cannot mask the padding of train.seq_len=" +
+                      std::to_string(config.train.seq_len) + " (or a train.seq_len_schedule " +
+                      "stage) on parallel.sp=" + std::to_string(sp) +
+                      "; use a length sp divides, or kernels.attention: native or auto");
   const int heads_per_rank = n_heads / sp;
   const std::vector<int> chunks = valid_head_chunks(n_heads, n_kv_heads, sp);
   if (std::find(chunks.begin(), chunks.end(), config.parallel.head_chunks) == chunks.end()) {

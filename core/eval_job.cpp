@@ -40,7 +40,7 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   connect_job(job, world);
   const Config& config = job.config;
   const TrainConfig& train = config.train;
-  const int64_t seq_local = train.seq_len / job.mesh.sp_size;
+  const int64_t seq_local = padded_seq_local(train.seq_len, job.mesh.sp_size);
   Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, train.batch_size, seq_local);
   std::string weights;
   {
@@ -49,7 +49,7 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   }
   std::unique_ptr<Dataset> dataset = open_validation_data(config, world);
   const EvalResult result =
-      evaluate_model(model, *dataset, job.mesh, train.batch_size, seq_local, train.eval_steps);
+      evaluate_model(model, *dataset, job.mesh, train.batch_size, train.seq_len, train.eval_steps);
 
   if (world.rank() != 0) return result;
   const std::string split = config.data.val_path.empty() ? "held-out" : "data.val_path";

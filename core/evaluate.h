@@ -19,16 +19,23 @@ struct EvalResult {
   int64_t tokens = 0;      // counted tokens (targets >= 0) over every rank
 };
 
-// This rank's slice (sp_rank · seq_local onwards) of `batch` consecutive sequences from
-// first_sequence.
+// Tokens per rank of a sequence of seq_len tokens over sp ranks: seq_len / sp rounded up.
+// A length sp does not divide is padded to the next multiple (docs/parallelism.md, "Any
+// length under any sp").
+int64_t padded_seq_local(int64_t seq_len, int sp);
+
+// This rank's slice (sp_rank · seq_local onwards, seq_local = padded_seq_local) of `batch`
+// consecutive sequences from first_sequence, with the document starts of each whole sequence
+// when the data has documents. Padding past seq_len is token 0 with no target, and forms a
+// document of its own: its positions start at 0 and nothing real attends to it.
 MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence, int64_t batch,
-                            int64_t seq_local, int sp_rank);
+                            int64_t seq_len, int sp, int sp_rank);
 
 // Collective over mesh.world: `steps` batches of batch_size sequences per dp rank, the
 // sequences of batch e being (e · dp + dp_rank) · batch_size onwards, so every run over
 // the same mesh reads the same sequences.
 EvalResult evaluate_model(Model& model, Dataset& dataset, const Mesh& mesh, int64_t batch_size,
-                          int64_t seq_local, int steps);
+                          int64_t seq_len, int steps);
 
 // Synthetic data: which sp rank's slice holds each queried key and which asks the query, over
 // the first `sequences` sequences, so the log can say how many answers needed attention

@@ -76,8 +76,9 @@ void resolve_attention(Comm& world, Config& config) {
   double negated_version = -double(cudnn_loaded_version());
   const int head_dim = int(config.model.d_model / config.model.n_heads);
   world.all_reduce_host(&negated_version, 1, ReduceOp::max);
-  const AttentionChoice choice = choose_attention(config.kernels.attention, config.device, head_dim,
-                                                  int64_t(-negated_version));
+  const AttentionChoice choice =
+      choose_attention(config.kernels.attention, config.device, head_dim, int64_t(-negated_version),
+                       attention_has_documents(config));
   if (config.kernels.attention == AttentionKernel::automatic && world.rank() == 0)
     spdlog::info("attention: {} ({})", name_of(choice.kernel), choice.reason);
   if (config.device == BackendKind::cuda && choice.kernel == AttentionKernel::native &&

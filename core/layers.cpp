@@ -24,6 +24,23 @@ QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width)
           b.flat_range(q_width + kv_width, kv_width)};
 }
 
+void rope_at_positions(Backend& backend, const Tensor& x, const BlockShape& shape, float theta,
+                       bool inverse) {
+  if (shape.documents.none()) {
+    backend.rope(x, shape.pos_offset, theta, inverse);
+    return;
+  }
+  const int64_t T = x.dim(1), heads = x.dim(2), d = x.dim(3);
+  for (int64_t b = 0; b < x.dim(0); ++b) {
+    for (const DocumentPiece& piece :
+         document_pieces(shape.documents.starts[size_t(b)], shape.pos_offset, T)) {
+      const int64_t first = b * T + piece.begin - shape.pos_offset, count = piece.end - piece.begin;
+      backend.rope(x.flat_range(first * heads * d, count * heads * d).reshape({1, count, heads, d}),
+                   piece.position, theta, inverse);
+    }
+  }
+}
+
 LayerTensors layer_tensors(const ParamTable& table, const Tensor& window, int64_t window_begin,
                            int layer) {
   LayerTensors tensors;
@@ -275,7 +292,7 @@ void Block::attention_forward(const LayerTensors& w, const BlockShape& shape, co
           profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
           2.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
       linear_forward(backend_, out.reshape({rows, heads * d}), norm1, weight, bias);
-      if (rope) backend_.rope(out, shape.pos_offset, theta, false);
+      if (rope) rope_at_positions(backend_, out, shape, theta, false);
     };
     project(q, H, qkv.wq, qkv.bq, rope_);
     HeadExchange q_exchange = attention_.start_input(q, Input::q, acts.attention);
@@ -286,7 +303,7 @@ void Block::attention_forward(const LayerTensors& w, const BlockShape& shape, co
     attention_.finish(q_exchange);
     attention_.finish(k_exchange);
     attention_.finish(v_exchange);
-    attention_.finish_forward(acts.attn_out, acts.attention);
+    attention_.finish_forward(acts.attn_out, acts.attention, shape.documents);
     return;
   }
   {
@@ -297,10 +314,10 @@ void Block::attention_forward(const LayerTensors& w, const BlockShape& shape, co
     linear_forward(backend_, v.reshape({rows, Hkv * d}), norm1, qkv.wv, qkv.bv);
   }
   if (rope_) {
-    backend_.rope(q, shape.pos_offset, theta, false);
-    backend_.rope(k, shape.pos_offset, theta, false);
+    rope_at_positions(backend_, q, shape, theta, false);
+    rope_at_positions(backend_, k, shape, theta, false);
   }
-  attention_.forward(q, k, v, acts.attn_out, acts.attention);
+  attention_.forward(q, k, v, acts.attn_out, acts.attention, shape.documents);
 }
 
 void Block::recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const {
@@ -456,7 +473,8 @@ void Block::attention_backward(const LayerTensors& w, const LayerTensors& g,
       if (!g[R::o_bias].empty()) backend_.bias_backward(g[R::o_bias], dresidual);
     }
     attention_.finish(dout_exchange);
-    attention_.compute_backward(acts.attention, grads, dq_heads, dk_heads, dv_heads);
+    attention_.compute_backward(acts.attention, grads, dq_heads, dk_heads, dv_heads,
+                                shape.documents);
     HeadExchange dq_exchange = attention_.start_gradient(Input::q, grads, dq_heads);
     HeadExchange dk_exchange = attention_.start_gradient(Input::k, grads, dk_heads);
     HeadExchange dv_exchange = attention_.start_gradient(Input::v, grads, dv_heads);
@@ -464,7 +482,7 @@ void Block::attention_backward(const LayerTensors& w, const LayerTensors& g,
                                 bool accumulate, const Tensor& dweight, const Tensor& dbias,
                                 const Tensor& weight, bool rope) {
       attention_.finish(exchange);
-      if (rope) backend_.rope(dx, shape.pos_offset, theta, true);
+      if (rope) rope_at_positions(backend_, dx, shape, theta, true);
       Profiler::Scope projection(
           profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
           4.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
@@ -482,10 +500,10 @@ void Block::attention_backward(const LayerTensors& w, const LayerTensors& g,
     linear_backward(backend_, dattn_buffer, false, g[R::o_weight], g[R::o_bias], dresidual,
                     attn_out, w[R::o_weight]);
   }
-  attention_.backward(dattn, acts.attention, dq_heads, dk_heads, dv_heads);
+  attention_.backward(dattn, acts.attention, dq_heads, dk_heads, dv_heads, shape.documents);
   if (rope_) {
-    backend_.rope(dq_heads, shape.pos_offset, theta, true);
-    backend_.rope(dk_heads, shape.pos_offset, theta, true);
+    rope_at_positions(backend_, dq_heads, shape, theta, true);
+    rope_at_positions(backend_, dk_heads, shape, theta, true);
   }
   Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
                              2.0 * qkv_flops(rows));

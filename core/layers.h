@@ -49,7 +49,15 @@ struct BlockShape {
   int64_t batch = 1;       // B
   int64_t seq_local = 1;   // T held by this rank
   int64_t pos_offset = 0;  // global position of this rank's first token
+  // Packed documents (kernels/documents.h): the starts of the micro-batch's whole sequences,
+  // or none. Attention masks across them and positions restart at each.
+  Documents documents;
 };
+
+// RoPE on x[B, T, h, d], this rank's tokens of shape: at their global positions, or with
+// documents at their positions inside their documents (one call per piece of a document).
+void rope_at_positions(Backend& backend, const Tensor& x, const BlockShape& shape, float theta,
+                       bool inverse);
 
 class Block {
  public:

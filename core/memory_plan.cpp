@@ -13,7 +13,8 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   // command resolves it here, for this machine's cuDNN.
   const AttentionKernel attention =
       choose_attention(config.kernels.attention, config.device,
-                       config.model.d_model / config.model.n_heads, cudnn_loaded_version())
+                       config.model.d_model / config.model.n_heads, cudnn_loaded_version(),
+                       attention_has_documents(config))
           .kernel;
   PlanningBackend backend(config.device, attention, cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp);

@@ -142,6 +142,7 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   if (batch.batch != shape_.batch || batch.seq_local != shape_.seq_local ||
       batch.pos_offset != shape_.pos_offset)
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
+  shape_.documents = batch.documents;
   if (!backend_.memory().planning()) {  // a planned step has shapes, no tokens
     backend_.upload(tokens_, batch.inputs.data());
     backend_.upload(targets_, batch.targets.data());
@@ -151,9 +152,7 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   weights.take(unit_of(R::token_embedding));
   {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
-    backend_.embedding_forward(
-        block_input(0).tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
-        tokens_, weight(R::token_embedding), weight(R::position_embedding), shape_.pos_offset);
+    embed(block_input(0).tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}));
   }
   if (offload_moves_)
     offloaded_[0] = last_transfer_ = backend_.transfer(host_inputs_[0], block_input(0));
@@ -169,6 +168,46 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
   }
   weights.take(unit_of(R::final_norm_weight));
   final_norm_forward();
+}
+
+void Model::embed(const Tensor& out) {
+  const Tensor wpe = weight(R::position_embedding);
+  if (shape_.documents.none() || wpe.empty()) {
+    backend_.embedding_forward(out, tokens_, weight(R::token_embedding), wpe, shape_.pos_offset);
+    return;
+  }
+  const int64_t T = shape_.seq_local, C = model_config_.d_model;
+  for (int64_t b = 0; b < shape_.batch; ++b) {
+    for (const DocumentPiece& piece :
+         document_pieces(shape_.documents.starts[size_t(b)], shape_.pos_offset, T)) {
+      const int64_t first = b * T + piece.begin - shape_.pos_offset,
+                    count = piece.end - piece.begin;
+      backend_.embedding_forward(out.flat_range(first * C, count * C).reshape({1, count, C}),
+                                 tokens_.tensor().flat_range(first, count).reshape({1, count}),
+                                 weight(R::token_embedding), wpe, piece.position);
+    }
+  }
+}
+
+void Model::embed_backward(const Tensor& dout) {
+  const Tensor dwpe = gradient(R::position_embedding);
+  if (shape_.documents.none() || dwpe.empty()) {
+    backend_.embedding_backward(gradient(R::token_embedding), dwpe, dout, tokens_,
+                                shape_.pos_offset);
+    return;
+  }
+  const int64_t T = shape_.seq_local, C = model_config_.d_model;
+  for (int64_t b = 0; b < shape_.batch; ++b) {
+    for (const DocumentPiece& piece :
+         document_pieces(shape_.documents.starts[size_t(b)], shape_.pos_offset, T)) {
+      const int64_t first = b * T + piece.begin - shape_.pos_offset,
+                    count = piece.end - piece.begin;
+      backend_.embedding_backward(gradient(R::token_embedding), dwpe,
+                                  dout.flat_range(first * C, count * C).reshape({1, count, C}),
+                                  tokens_.tensor().flat_range(first, count).reshape({1, count}),
+                                  piece.position);
+    }
+  }
 }
 
 void Model::final_norm_forward() {
@@ -267,10 +306,8 @@ LossResult Model::forward_backward(const MicroBatch& batch, float grad_scale) {
   grads.take(unit_of(R::token_embedding));
   {
     Profiler::Scope embedding(backend_.profiler(), phase::kEmbedding);
-    backend_.embedding_backward(
-        gradient(R::token_embedding), gradient(R::position_embedding),
-        dresidual.tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}),
-        tokens_, shape_.pos_offset);
+    embed_backward(
+        dresidual.tensor().reshape({shape_.batch, shape_.seq_local, model_config_.d_model}));
   }
   grads.finish();
   weights.finish();

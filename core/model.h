@@ -26,6 +26,9 @@ struct MicroBatch {
   int64_t pos_offset = 0;  // global position of the first token (sp_rank · seq_local)
   std::vector<int32_t> inputs;
   std::vector<int32_t> targets;
+  // Packed documents: the starts of each whole sequence (every rank holds them all), or none
+  // (kernels/documents.h; docs/parallelism.md, "Packed documents").
+  Documents documents;
 };
 
 class Model {
@@ -92,6 +95,10 @@ class Model {
   // FLOPs of the fused LM head over this rank's tokens (backward: the two weight and input
   // gradients on top).
   double lm_head_flops(bool backward) const;
+  // The embedding of tokens_ into out[B, T, C] and its backward: learned positions restart
+  // at each document (one call per piece of a document) when the micro-batch has documents.
+  void embed(const Tensor& out);
+  void embed_backward(const Tensor& dout);
   void final_norm_forward();
   void final_norm_backward(const Tensor& dhidden, const Tensor& dresidual);
 

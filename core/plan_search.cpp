@@ -136,7 +136,9 @@ std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq
   lines.push_back("kv heads " + std::to_string(kv) + " on sp " + std::to_string(sp) + ": " +
                   kv_rule + ": " + status(kv % sp == 0 || sp % kv == 0));
   lines.push_back("seq_len " + std::to_string(seq_len) + " % sp " + std::to_string(sp) + ": " +
-                  status(seq_len % sp == 0));
+                  (seq_len % sp == 0
+                       ? std::string("ok")
+                       : "padded to " + std::to_string((seq_len + sp - 1) / sp * sp)));
   if (heads % sp == 0 && (kv % sp == 0 || sp % kv == 0)) {
     const std::vector<int> valid = valid_head_chunks(heads, kv, sp);
     std::string choices;

@@ -35,7 +35,8 @@ void print_plan(const Config& config, int world_size) {
             << " parameters (" << format_bytes(plan.num_params * 4) << " in fp32)\n";
   std::cout << "# world " << world_size << " = dp " << world_size / config.parallel.sp << " x sp "
             << config.parallel.sp << "; each rank holds " << config.train.batch_size << " x "
-            << config.train.seq_len / config.parallel.sp << " tokens per micro-step\n";
+            << padded_seq_local(config.train.seq_len, config.parallel.sp)
+            << " tokens per micro-step\n";
   std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units << " units (largest "
             << plan.largest_unit << " parameters, bucket_mb " << config.parallel.bucket_mb
             << "); each rank owns " << plan.shard_numel << " parameters of state\n";
@@ -130,8 +131,9 @@ void run_job(const JobOptions& options, Comm& world) {
     spdlog::info(
         "{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}; loss tiles of "
         "{} tokens{}",
-        trainer.model().num_params(), config.train.seq_len, config.train.seq_len / mesh.sp_size,
-        config.train.batch_size, config.train.grad_accum, trainer.model().loss_tile_tokens(),
+        trainer.model().num_params(), config.train.seq_len,
+        padded_seq_local(config.train.seq_len, mesh.sp_size), config.train.batch_size,
+        config.train.grad_accum, trainer.model().loss_tile_tokens(),
         config.memory.loss_tile_tokens == 0 ? " (memory.loss_tile_tokens: auto)" : "");
   trainer.run();
 }

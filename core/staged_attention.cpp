@@ -38,7 +38,7 @@ Buffer project(Backend& backend, const UlyssesAttention& attention, const Staged
     linear_forward(backend, block, in.norm1,
                    projection.weight.slice_rows(first * d, (first + n) * d), bias);
     if (projection.rope)
-      backend.rope(block.reshape({B, Tl, n, d}), in.shape.pos_offset, in.rope_theta, false);
+      rope_at_positions(backend, block.reshape({B, Tl, n, d}), in.shape, in.rope_theta, false);
   }
   return send;
 }
@@ -57,7 +57,7 @@ void project_backward(Backend& backend, const UlyssesAttention& attention,
     const int64_t first = projection.first_head(p);
     Tensor block = grads.flat_range(p * rows * n * d, rows * n * d).reshape({rows, n * d});
     if (projection.rope)
-      backend.rope(block.reshape({B, Tl, n, d}), in.shape.pos_offset, in.rope_theta, true);
+      rope_at_positions(backend, block.reshape({B, Tl, n, d}), in.shape, in.rope_theta, true);
     const Tensor dbias = bias_grad.empty() ? Tensor() : bias_grad.flat_range(first * d, n * d);
     linear_backward(backend, dnorm, true, weight_grad.slice_rows(first * d, (first + n) * d), dbias,
                     block, in.norm1, projection.weight.slice_rows(first * d, (first + n) * d));
@@ -166,7 +166,7 @@ void staged_attention_forward(Backend& backend, UlyssesAttention& attention,
       Profiler::Scope compute(backend.profiler(), phase::kAttentionForward, Profiler::Kind::compute,
                               0, stage_attention_flops(B, N, hs, d));
       backend.attention_forward(stage_out, lse.slice_rows(stage, stage + 1).reshape({B, hs, N}),
-                                heads.q, heads.k, heads.v);
+                                heads.q, heads.k, heads.v, in.shape.documents);
     }
     heads = StageHeads();
     attention.finish(previous_out);
@@ -215,7 +215,8 @@ void staged_attention_backward(Backend& backend, UlyssesAttention& attention,
       Profiler::Scope compute(backend.profiler(), phase::kAttentionBackward,
                               Profiler::Kind::compute, 0, 2.5 * stage_attention_flops(B, N, hs, d));
       backend.attention_backward(dq, dk, dv, stage_dout, heads.q, heads.k, heads.v, stage_out,
-                                 lse.slice_rows(stage, stage + 1).reshape({B, hs, N}));
+                                 lse.slice_rows(stage, stage + 1).reshape({B, hs, N}),
+                                 in.shape.documents);
     }
     heads = StageHeads();
     stage_out.reset();

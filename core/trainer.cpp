@@ -75,7 +75,7 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
 void Trainer::build_model(const SeqLenStage& stage) {
   seq_len_ = stage.seq_len;
   batch_size_ = stage.batch_size;
-  seq_local_ = seq_len_ / mesh_.sp_size;
+  seq_local_ = padded_seq_local(seq_len_, mesh_.sp_size);
   model_ =
       std::make_unique<Model>(config_, backend_, *mesh_.sp, *mesh_.world, batch_size_, seq_local_);
 }
@@ -201,8 +201,8 @@ StepResult Trainer::train_step() {
     for (int micro = 0; micro < train.grad_accum; ++micro) {
       int64_t first_sequence =
           ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * batch_size_;
-      micro_batches.push_back(
-          read_micro_batch(*train_data_, first_sequence, batch_size_, seq_local_, mesh_.sp_rank));
+      micro_batches.push_back(read_micro_batch(*train_data_, first_sequence, batch_size_, seq_len_,
+                                               mesh_.sp_size, mesh_.sp_rank));
       for (int32_t target : micro_batches.back().targets) counted += target >= 0 ? 1.0 : 0.0;
     }
   }
@@ -340,7 +340,7 @@ EvalResult Trainer::evaluate() {
         describe_placement(query_placement(*val_data_, sequences, seq_len_, mesh_.sp_size)));
     placement_logged_at_ = seq_len_;
   }
-  return evaluate_model(*model_, *val_data_, mesh_, batch_size_, seq_local_, train.eval_steps);
+  return evaluate_model(*model_, *val_data_, mesh_, batch_size_, seq_len_, train.eval_steps);
 }
 
 nlohmann::json Trainer::phases_max_json(const std::map<std::string, PhaseTotals>& phases) const {

@@ -19,6 +19,17 @@ inline const std::string& name_of(DataOrder value) {
   return kDataOrderNames[size_t(value)];
 }
 
+// data.documents: sequences are one text, or packed documents cut at the end-of-text token
+// (docs/parallelism.md, "Packed documents").
+enum class DataDocuments { none, eos };
+inline const std::vector<std::string> kDataDocumentsNames = {"none", "eos"};
+inline const std::string& name_of(DataDocuments value) {
+  return kDataDocumentsNames[size_t(value)];
+}
+
+// data.eos_id -1: the source's own end-of-text token (text: 256; tokens: GPT-2's 50256).
+constexpr int kGpt2EndOfText = 50256;
+
 struct DataConfig {
   DataSource source = DataSource::synthetic;
   std::string path;            // text: file, folder or glob; tokens: shard glob
@@ -27,6 +38,11 @@ struct DataConfig {
   // text and tokens: each epoch in a seeded shuffled order, or sequences 0, 1, 2, ... as
   // llm.c's loader reads them with shuffling off (docs/configuration.md#data).
   DataOrder order = DataOrder::shuffled;
+  // eos: documents end at eos_id (text also after a blank line); attention and positions
+  // restart at each, and no document's last token is scored against the next one's first.
+  DataDocuments documents = DataDocuments::none;
+  int eos_id = -1;                 // -1: the source's (text 256, tokens 50256)
+  int documents_per_sequence = 4;  // synthetic with documents eos: passkey documents per sequence
   // synthetic passkey / associative recall
   int n_pairs = 4;               // key-value pairs planted per sequence
   int n_queries = 4;             // pairs asked for at the end

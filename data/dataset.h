@@ -41,6 +41,11 @@ class Dataset {
     int64_t key_at;
   };
   virtual std::vector<Query> queries(int64_t /*index*/) const { return {}; }
+  // data.documents eos: whether sequences are packed documents, and where the documents of
+  // sequence `index` begin (positions in the whole sequence, ascending, the first 0). Every
+  // rank asks for the whole sequence's starts: they are a few integers.
+  virtual bool has_documents() const { return false; }
+  virtual std::vector<int64_t> document_starts(int64_t /*index*/) { return {0}; }
 };
 
 // Smallest vocabulary the source needs (synthetic, text); 0 when it must come from the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -140,6 +141,60 @@ class SyntheticDataset : public Dataset {
   uint64_t stream_seed_;
 };
 
+// data.documents eos: data.documents_per_sequence passkey documents side by side, each a
+// whole task of its own (BOS, its pairs, its queries) with its own keys; document d of
+// sequence i is sequence i·k + d of a task of that document's length, so no two documents
+// share a plan. The documents split the sequence evenly, the last one taking the remainder.
+class PackedSyntheticDataset : public Dataset {
+ public:
+  PackedSyntheticDataset(const DataConfig& data, int64_t seq_len, uint64_t stream_seed) {
+    const int64_t k = data.documents_per_sequence, length = seq_len / k;
+    for (int64_t d = 0; d < k; ++d) {
+      starts_.push_back(d * length);
+      const int64_t doc_len = d + 1 < k ? length : seq_len - d * length;
+      documents_.push_back(std::make_unique<SyntheticDataset>(data, doc_len, stream_seed));
+    }
+    starts_.push_back(seq_len);
+  }
+
+  void read_slice(int64_t index, int64_t offset, int64_t length, int32_t* inputs,
+                  int32_t* targets) override {
+    if (index < 0 || offset < 0 || length < 0 || offset + length > starts_.back())
+      throw std::out_of_range("read_slice: sequence " + std::to_string(index) + ", tokens [" +
+                              std::to_string(offset) + ", " + std::to_string(offset + length) +
+                              ") of a sequence of " + std::to_string(starts_.back()));
+    for (size_t d = 0; d < documents_.size(); ++d) {
+      const int64_t first = std::max(offset, starts_[d]);
+      const int64_t end = std::min(offset + length, starts_[d + 1]);
+      if (first >= end) continue;
+      documents_[d]->read_slice(document_index(index, d), first - starts_[d], end - first,
+                                inputs + (first - offset), targets + (first - offset));
+    }
+  }
+
+  int64_t num_sequences() const override { return std::numeric_limits<int64_t>::max(); }
+  bool has_answers() const override { return true; }
+  std::vector<Query> queries(int64_t index) const override {
+    std::vector<Query> result;
+    for (size_t d = 0; d < documents_.size(); ++d)
+      for (const Query& query : documents_[d]->queries(document_index(index, d)))
+        result.push_back({query.asked_at + starts_[d], query.key_at + starts_[d]});
+    return result;
+  }
+  bool has_documents() const override { return true; }
+  std::vector<int64_t> document_starts(int64_t) override {
+    return std::vector<int64_t>(starts_.begin(), starts_.end() - 1);
+  }
+
+ private:
+  int64_t document_index(int64_t index, size_t d) const {
+    return index * int64_t(documents_.size()) + int64_t(d);
+  }
+
+  std::vector<int64_t> starts_;  // of each document, then the sequence length
+  std::vector<std::unique_ptr<SyntheticDataset>> documents_;
+};
+
 void require(bool ok, const std::string& message) {
   if (!ok) throw DataError("data.source synthetic: " + message);
 }
@@ -176,12 +231,22 @@ std::unique_ptr<Dataset> make_synthetic_dataset(const DataConfig& data, Split sp
                                           " is smaller than the " + std::to_string(needed_vocab) +
                                           " tokens the task uses");
   int64_t min_len = synthetic_min_seq_len(data);
+  // "synth" in ASCII: keeps the task's stream apart from other uses of the seed.
+  uint64_t stream_seed = hash_words(seed, split == Split::train ? 1 : 2, 0x73796e7468ull);
+  if (data.documents == DataDocuments::eos) {
+    const int64_t k = data.documents_per_sequence;
+    require(k >= 1 && seq_len / k >= min_len,
+            "a sequence of " + std::to_string(seq_len) + " tokens cannot hold " +
+                std::to_string(k) + " passkey documents (data.documents_per_sequence) of " +
+                std::to_string(min_len) + " tokens or more (BOS, " + std::to_string(data.n_pairs) +
+                " pairs and " + std::to_string(data.n_queries) + " queries): it needs at least " +
+                std::to_string(k * min_len));
+    return std::make_unique<PackedSyntheticDataset>(data, seq_len, stream_seed);
+  }
   require(seq_len >= min_len,
           "a sequence of " + std::to_string(seq_len) + " tokens cannot hold BOS, " +
               std::to_string(data.n_pairs) + " pairs and " + std::to_string(data.n_queries) +
               " queries (3 tokens each): it needs at least " + std::to_string(min_len));
-  // "synth" in ASCII: keeps the task's stream apart from other uses of the seed.
-  uint64_t stream_seed = hash_words(seed, split == Split::train ? 1 : 2, 0x73796e7468ull);
   return std::make_unique<SyntheticDataset>(data, seq_len, stream_seed);
 }
 

@@ -3,6 +3,8 @@
 // with the pairs planted in the first data.plant_fraction of the sequence and the queries
 // filling its last 3 * n_queries tokens. Only the answer to each query (the target at the
 // queried key) counts, so it is solved only by attending across the whole sequence.
+// With data.documents eos a sequence packs data.documents_per_sequence such tasks, each its own
+// document with its own keys, so an answer that used another document's key would show.
 #pragma once
 
 #include <cstdint>

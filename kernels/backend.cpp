@@ -179,19 +179,20 @@ void Backend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& 
 }
 
 void Backend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                const Tensor& k, const Tensor& v) {
-  contracts::check_attention_forward(out, lse, q, k, v);
+                                const Tensor& k, const Tensor& v, const Documents& documents) {
+  contracts::check_attention_forward(out, lse, q, k, v, documents);
   require_apart("attention_forward", {{out, "out"}, {lse, "lse"}}, {{q, "q"}, {k, "k"}, {v, "v"}});
-  attention_forward_impl(out, lse, q, k, v);
+  attention_forward_impl(out, lse, q, k, v, documents);
 }
 
 void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                  const Tensor& dout, const Tensor& q, const Tensor& k,
-                                 const Tensor& v, const Tensor& out, const Tensor& lse) {
-  contracts::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+                                 const Tensor& v, const Tensor& out, const Tensor& lse,
+                                 const Documents& documents) {
+  contracts::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, documents);
   require_apart("attention_backward", {{dq, "dq"}, {dk, "dk"}, {dv, "dv"}},
                 {{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
-  attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse);
+  attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, documents);
 }
 
 LossResult Backend::lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
@@ -231,7 +232,7 @@ int64_t cudnn_loaded_version() {
 }
 
 AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
-                                 int64_t cudnn_version) {
+                                 int64_t cudnn_version, bool documents) {
   if (setting != AttentionKernel::automatic)
     return {setting, "kernels.attention: " +
                          std::string(setting == AttentionKernel::cudnn ? "cudnn" : "native") +
@@ -240,6 +241,9 @@ AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, in
   if (device != BackendKind::cuda)
     return {AttentionKernel::native, prefix + "the cpu backend has one attention"};
   if (cudnn_version == 0) return {AttentionKernel::native, prefix + "this build has no cuDNN"};
+  if (documents)
+    return {AttentionKernel::native,
+            prefix + "packed documents or padding need the native kernels' document mask"};
   const std::string version = std::to_string(cudnn_version / 10000) + "." +
                               std::to_string(cudnn_version / 100 % 100) + "." +
                               std::to_string(cudnn_version % 100);

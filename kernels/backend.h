@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/documents.h"
 #include "kernels/memory.h"
 #include "kernels/profiler.h"
 #include "kernels/tensor.h"
@@ -39,10 +40,11 @@ inline constexpr int64_t kCudnnAttentionMinimumVersion = 91600;
 
 // kernels.attention: auto takes cuDNN on the cuda device where this build has it, the loaded
 // library is at least 9.16 (cudnn_version is cudnnGetVersion(), 0 where the build has no
-// cuDNN) and the head dim is a multiple of 8 and at most 128; else the native kernels. An
-// explicit native or cudnn is returned as it is (the config checks it).
+// cuDNN), the head dim is a multiple of 8 and at most 128, and attention has no documents
+// (packed documents or padding, which only the native kernels mask); else the native kernels.
+// An explicit native or cudnn is returned as it is (the config checks it).
 AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
-                                 int64_t cudnn_version);
+                                 int64_t cudnn_version, bool documents = false);
 
 // Which of the cuda backend's native attention kernels a head dim runs, for the log: the
 // tensor-core ones (head dims that are multiples of 8 up to 128, 16-byte aligned tensors) or
@@ -222,12 +224,14 @@ class Backend {
   // Causal attention with online softmax: q[B, T, Hq, d], k/v[B, T, Hkv, d] (Hq % Hkv == 0;
   // q head h reads kv head h / (Hq / Hkv)), out[B, T, Hq, d], lse[B, Hq, T] (f32,
   // log-sum-exp of the scaled scores). Scale 1/sqrt(d). Memory O(T·d), never O(T²).
+  // With documents (kernels/documents.h), query t sees only the keys of its own document
+  // up to itself, and key tiles wholly in earlier documents are skipped.
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                         const Tensor& v);
-  // dq, dk, dv overwritten; recomputes scores from lse.
+                         const Tensor& v, const Documents& documents = {});
+  // dq, dk, dv overwritten; recomputes scores from lse; documents as the forward had them.
   void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse);
+                          const Tensor& lse, const Documents& documents = {});
 
   // ---- fused LM head + cross-entropy ---------------------------------------------------
   // hidden[R, C], weight[V, C], targets[R] (i32, < 0 = not counted). Works over tiles of
@@ -281,10 +285,12 @@ class Backend {
   virtual void gelu_forward_impl(const Tensor& out, const Tensor& x) = 0;
   virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
   virtual void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                      const Tensor& k, const Tensor& v) = 0;
+                                      const Tensor& k, const Tensor& v,
+                                      const Documents& documents) = 0;
   virtual void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                        const Tensor& dout, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, const Tensor& out, const Tensor& lse) = 0;
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,
+                                       const Documents& documents) = 0;
   virtual LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
                                        const Tensor& targets, int64_t tile_rows, float grad_scale,
                                        const Tensor& dhidden, const Tensor& dweight) = 0;

@@ -48,7 +48,7 @@ void check_positions(const Tensor& positions, const char* name, const Tensor& to
 }
 
 void check_attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                     const Tensor& v, const char* op) {
+                     const Tensor& v, const Documents& documents, const char* op) {
   require_ndim(q, 4, op, "q");
   require_ndim(k, 4, op, "k");
   require_ndim(v, 4, op, "v");
@@ -61,6 +61,8 @@ void check_attention(const Tensor& out, const Tensor& lse, const Tensor& q, cons
                                 " do not fit q[B, T, Hq, d], k/v[B, T, Hkv, d] with Hq % Hkv == 0");
   require_numel(out, q.numel(), op, "out");
   require_numel(lse, s.batch * s.q_heads * s.seq_len, op, "lse");
+  const std::string problem = documents_problem(documents, s.batch, s.seq_len);
+  if (!problem.empty()) throw std::invalid_argument(std::string(op) + ": " + problem);
 }
 
 }  // namespace
@@ -217,15 +219,15 @@ void check_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) 
 }
 
 void check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v) {
-  check_attention(out, lse, q, k, v, "attention_forward");
+                             const Tensor& v, const Documents& documents) {
+  check_attention(out, lse, q, k, v, documents, "attention_forward");
 }
 
 void check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse) {
+                              const Tensor& out, const Tensor& lse, const Documents& documents) {
   const char* op = "attention_backward";
-  check_attention(out, lse, q, k, v, op);
+  check_attention(out, lse, q, k, v, documents, op);
   require_numel(dq, q.numel(), op, "dq");
   require_numel(dout, q.numel(), op, "dout");
   require_numel(dk, k.numel(), op, "dk");

@@ -51,11 +51,12 @@ void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor&
                            const Tensor& gate, const Tensor& up);
 void check_gelu_forward(const Tensor& out, const Tensor& x);
 void check_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x);
+// Document starts (if any) must fit the batch and sequence length (documents_problem).
 void check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v);
+                             const Tensor& v, const Documents& documents);
 void check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse);
+                              const Tensor& out, const Tensor& lse, const Documents& documents);
 void check_lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                         int64_t tile_rows, const Tensor& dhidden, const Tensor& dweight);
 void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

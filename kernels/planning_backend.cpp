@@ -33,7 +33,7 @@ int64_t PlanningBackend::cudnn_bound(const Tensor& q) const {
 }
 
 void PlanningBackend::attention_forward_impl(const Tensor&, const Tensor&, const Tensor& q,
-                                             const Tensor&, const Tensor&) {
+                                             const Tensor&, const Tensor&, const Documents&) {
   if (q.numel() == 0) return;
   if (kind_ == BackendKind::cpu) {
     cpu_attention_forward_scratch(*this, threads_, q.dim(3));
@@ -45,7 +45,8 @@ void PlanningBackend::attention_forward_impl(const Tensor&, const Tensor&, const
 
 void PlanningBackend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&,
                                               const Tensor&, const Tensor& q, const Tensor&,
-                                              const Tensor&, const Tensor&, const Tensor&) {
+                                              const Tensor&, const Tensor&, const Tensor&,
+                                              const Documents&) {
   if (q.numel() == 0) return;
   const Buffer row_dot = attention_row_dot(*this, q.dim(0), q.dim(2), q.dim(1));
   if (kind_ == BackendKind::cpu) {

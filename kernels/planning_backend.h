@@ -68,10 +68,12 @@ class PlanningBackend final : public Backend {
   void gelu_forward_impl(const Tensor&, const Tensor&) override {}
   void gelu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                              const Tensor& k, const Tensor& v) override;
+                              const Tensor& k, const Tensor& v,
+                              const Documents& documents) override;
   void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse) override;
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Documents& documents) override;
   // Every row is counted (the planned micro-batch has a target everywhere), which is the
   // largest the loss tiles get.
   LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,

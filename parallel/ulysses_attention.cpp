@@ -289,7 +289,8 @@ HeadExchange UlyssesAttention::start_input(const Tensor& x, Input which, Attenti
   return start_tokens_to_heads(x, kv, owned);
 }
 
-void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state) {
+void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state,
+                                      const Documents& documents) {
   const int64_t B = out.dim(0), Tl = out.dim(1);
   if (comm_.size() == 1) {
     state.lse =
@@ -298,7 +299,7 @@ void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state) 
       Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward,
                               Profiler::Kind::compute, 0,
                               attention_flops(B, Tl, n_heads_, head_dim_, false));
-      backend_.attention_forward(out, state.lse, state.q, state.k, state.v);
+      backend_.attention_forward(out, state.lse, state.q, state.k, state.v, documents);
     }
     state.out = out;
     return;
@@ -310,20 +311,20 @@ void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state) 
   {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionForward, Profiler::Kind::compute,
                             0, attention_flops(B, N, h, head_dim_, false));
-    backend_.attention_forward(state.out_owned, state.lse, state.q, state.k, state.v);
+    backend_.attention_forward(state.out_owned, state.lse, state.q, state.k, state.v, documents);
   }
   exchange_now(start_heads_to_tokens(state.out_owned, false, out));
   state.out = state.out_owned;
 }
 
 void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                               AttentionState& state) {
+                               AttentionState& state, const Documents& documents) {
   check_forward(q, k, v, out);
   state = AttentionState();
   exchange_now(start_input(q, Input::q, state));
   exchange_now(start_input(k, Input::k, state));
   exchange_now(start_input(v, Input::v, state));
-  finish_forward(out, state);
+  finish_forward(out, state, documents);
 }
 
 void UlyssesAttention::check_backward(const Tensor& dout, const AttentionState& state,
@@ -357,13 +358,14 @@ HeadExchange UlyssesAttention::start_backward(const Tensor& dout, AttentionGradi
 }
 
 void UlyssesAttention::compute_backward(const AttentionState& state, AttentionGradients& grads,
-                                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                        const Documents& documents) {
   const int64_t B = dq.dim(0), Tl = dq.dim(1);
   if (comm_.size() == 1) {
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
                             0, attention_flops(B, Tl, n_heads_, head_dim_, true));
     backend_.attention_backward(dq, dk, dv, grads.dout, state.q, state.k, state.v, state.out,
-                                state.lse);
+                                state.lse, documents);
     return;
   }
   const int64_t N = Tl * comm_.size(), h = heads_per_rank_, hk = kv_heads_per_rank_;
@@ -377,7 +379,7 @@ void UlyssesAttention::compute_backward(const AttentionState& state, AttentionGr
     Profiler::Scope compute(backend_.profiler(), phase::kAttentionBackward, Profiler::Kind::compute,
                             0, attention_flops(B, N, h, head_dim_, true));
     backend_.attention_backward(grads.dq, grads.dk, grads.dv, grads.dout, state.q, state.k, state.v,
-                                state.out, state.lse);
+                                state.out, state.lse, documents);
   }
   grads.dout_owned.reset();
 }
@@ -392,11 +394,11 @@ HeadExchange UlyssesAttention::start_gradient(Input which, AttentionGradients& g
 }
 
 void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state, const Tensor& dq,
-                                const Tensor& dk, const Tensor& dv) {
+                                const Tensor& dk, const Tensor& dv, const Documents& documents) {
   check_backward(dout, state, dq, dk, dv);
   AttentionGradients grads;
   exchange_now(start_backward(dout, grads));
-  compute_backward(state, grads, dq, dk, dv);
+  compute_backward(state, grads, dq, dk, dv, documents);
   exchange_now(start_gradient(Input::q, grads, dq));
   exchange_now(start_gradient(Input::k, grads, dk));
   exchange_now(start_gradient(Input::v, grads, dv));

@@ -59,12 +59,14 @@ class UlyssesAttention {
                    int head_chunks = 1);
 
   // q[B, Tl, H, d], k/v[B, Tl, Hkv, d]: this rank's Tl = N/P tokens, all heads.
-  // out[B, Tl, H, d] (caller-allocated). Fills state.
+  // out[B, Tl, H, d] (caller-allocated). Fills state. documents: the starts of the whole
+  // sequences (every rank holds them all), passed to the attention over all N tokens as
+  // they are.
   void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-               AttentionState& state);
+               AttentionState& state, const Documents& documents = {});
   // dout[B, Tl, H, d] -> dq[B, Tl, H, d], dk/dv[B, Tl, Hkv, d] (overwritten).
   void backward(const Tensor& dout, const AttentionState& state, const Tensor& dq, const Tensor& dk,
-                const Tensor& dv);
+                const Tensor& dv, const Documents& documents = {});
 
   // The same in steps, for a schedule that computes while the all-to-alls travel
   // (parallel.overlap). forward = start_input q, k, v (each finished), then finish_forward;
@@ -74,12 +76,12 @@ class UlyssesAttention {
   enum class Input { q, k, v };
   void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) const;
   HeadExchange start_input(const Tensor& x, Input which, AttentionState& state);
-  void finish_forward(const Tensor& out, AttentionState& state);
+  void finish_forward(const Tensor& out, AttentionState& state, const Documents& documents = {});
   void check_backward(const Tensor& dout, const AttentionState& state, const Tensor& dq,
                       const Tensor& dk, const Tensor& dv) const;
   HeadExchange start_backward(const Tensor& dout, AttentionGradients& grads);
   void compute_backward(const AttentionState& state, AttentionGradients& grads, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv);
+                        const Tensor& dk, const Tensor& dv, const Documents& documents = {});
   HeadExchange start_gradient(Input which, AttentionGradients& grads, const Tensor& target);
 
   // The two halves of each all-to-all. start_*: packs x (or full) into a send buffer and

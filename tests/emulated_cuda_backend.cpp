@@ -465,17 +465,20 @@ class EmulatedCudaBackend final : public Backend {
   // The kernels and launch shapes kernels/cuda/cuda_attention.cu chooses: tensor cores where
   // mma_attention_fits, else the FMA kernels.
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                              const Tensor& k, const Tensor& v) override {
+                              const Tensor& k, const Tensor& v,
+                              const Documents& documents) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
+    const std::vector<int32_t> words = document_mask_words(documents);
+    const DocumentMask mask = document_mask_at(words.empty() ? nullptr : words.data());
     const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, q.data);
     const cuda::LaunchShape shape = tensor_cores ? attention_forward_mma_launch(dims, q.shape[0])
                                                  : attention_forward_launch(dims, q.shape[0]);
     auto run = [&](auto kernel) {
       launch(shape, [&] {
         kernel(data_of<bf16>(out), lse.f32(), data_of<const bf16>(q), data_of<const bf16>(k),
-               data_of<const bf16>(v), dims);
+               data_of<const bf16>(v), dims, mask);
       });
     };
     const bool narrow = kernel_dim(dims.dim) == 64;
@@ -487,10 +490,13 @@ class EmulatedCudaBackend final : public Backend {
 
   void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse) override {
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Documents& documents) override {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
+    const std::vector<int32_t> words = document_mask_words(documents);
+    const DocumentMask mask = document_mask_at(words.empty() ? nullptr : words.data());
     const int64_t batch = q.shape[0];
     Buffer row_dot = attention_row_dot(*this, batch, dims.q_heads, dims.seq_len);
     const int64_t rows = batch * dims.seq_len * dims.q_heads;
@@ -504,14 +510,14 @@ class EmulatedCudaBackend final : public Backend {
              [&] {
                dq_kernel(data_of<bf16>(dq), data_of<const bf16>(dout), data_of<const bf16>(q),
                          data_of<const bf16>(k), data_of<const bf16>(v), lse.f32(), row_dot.f32(),
-                         dims);
+                         dims, mask);
              });
       launch(
           tensor_cores ? attention_dkv_mma_launch(dims, batch) : attention_dkv_launch(dims, batch),
           [&] {
             dkv_kernel(data_of<bf16>(dk), data_of<bf16>(dv), data_of<const bf16>(dout),
                        data_of<const bf16>(q), data_of<const bf16>(k), data_of<const bf16>(v),
-                       lse.f32(), row_dot.f32(), dims);
+                       lse.f32(), row_dot.f32(), dims, mask);
           });
     };
     const bool narrow = kernel_dim(dims.dim) == 64;

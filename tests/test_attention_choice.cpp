@@ -48,6 +48,16 @@ TEST(AttentionChoice, AutoTakesTheNativeKernelsOtherwiseAndSaysWhy) {
   }
 }
 
+TEST(AttentionChoice, AutoTakesTheNativeKernelsForDocuments) {
+  // Packed documents and padding are masked by the native kernels only (docs/parallelism.md).
+  const AttentionChoice choice =
+      choose_attention(AttentionKernel::automatic, BackendKind::cuda, 64, kCudnn919, true);
+  EXPECT_EQ(choice.kernel, AttentionKernel::native);
+  EXPECT_EQ(choice.reason,
+            "kernels.attention: auto: packed documents or padding need the native kernels' "
+            "document mask");
+}
+
 // The native kernels' log line names the tensor-core kernels where they take the head dim and
 // the FMA ones elsewhere (tests/test_cuda_attention_emulated.cpp checks that this is the
 // kernels' own rule).

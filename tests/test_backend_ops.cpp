@@ -27,6 +27,8 @@
 //   cuda_attention_mma.cuh        fragment_row 8·(i % 2) instead of 8·(i / 2): Attention
 //   cuda_attention_mma.cuh        the forward without cp_async_wait: Attention
 //   cuda_attention_mask.cuh       the diagonal tile left unmasked: Attention
+//   cuda_attention_mask.cuh       key_visible without key >= query_start: Attention
+//   cuda_attention_mask.cuh       document_end one short (the next start − 1): Attention
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -554,9 +556,12 @@ TEST_P(BackendOps, Gelu) {
 
 struct AttentionShape {
   int64_t batch, seq, q_heads, kv_heads, dim;
+  // Packed documents (kernels/documents.h): each sequence's starts; empty: none.
+  std::vector<std::vector<int64_t>> starts = {};
 };
 
-// Causal softmax(q·kᵀ/√d)·v in double; lse[B, Hq, T] when asked.
+// Causal softmax(q·kᵀ/√d)·v in double, each query seeing only its own document's keys;
+// lse[B, Hq, T] when asked.
 std::vector<double> attention_reference(const AttentionShape& s, const std::vector<double>& q,
                                         const std::vector<double>& k, const std::vector<double>& v,
                                         std::vector<double>* lse = nullptr) {
@@ -569,8 +574,9 @@ std::vector<double> attention_reference(const AttentionShape& s, const std::vect
     for (int64_t h = 0; h < s.q_heads; ++h)
       for (int64_t i = 0; i < T; ++i) {
         const double* q_row = &q[((b * T + i) * s.q_heads + h) * d];
+        const int64_t first = s.starts.empty() ? 0 : document_start(s.starts[size_t(b)], i);
         double max_score = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           const double* k_row = &k[((b * T + j) * s.kv_heads + h / group) * d];
           double dot = 0.0;
           for (int64_t c = 0; c < d; ++c) dot += q_row[c] * k_row[c];
@@ -578,10 +584,10 @@ std::vector<double> attention_reference(const AttentionShape& s, const std::vect
           max_score = std::max(max_score, scores[j]);
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(scores[j] - max_score);
+        for (int64_t j = first; j <= i; ++j) sum += std::exp(scores[j] - max_score);
         if (lse) (*lse)[(b * s.q_heads + h) * T + i] = max_score + std::log(sum);
         double* out_row = &out[((b * T + i) * s.q_heads + h) * d];
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           const double p = std::exp(scores[j] - max_score) / sum;
           const double* v_row = &v[((b * T + j) * s.kv_heads + h / group) * d];
           for (int64_t c = 0; c < d; ++c) out_row[c] += p * v_row[c];
@@ -591,17 +597,28 @@ std::vector<double> attention_reference(const AttentionShape& s, const std::vect
 }
 
 TEST_P(BackendOps, Attention) {
-  // One token; GQA groups 1–4; T not a multiple of the 64-row tile; both kernel widths. On
-  // the cuda columns head dims 16, 64 and 128 run the tensor-core kernels, 12 the FMA ones
-  // (kernels/cuda/cuda_attention.cu).
-  const std::vector<AttentionShape> shapes = {{1, 1, 1, 1, 16},   {2, 17, 4, 2, 16},
-                                              {1, 65, 3, 1, 64},  {1, 33, 4, 1, 64},
-                                              {1, 70, 2, 2, 128}, {1, 20, 2, 1, 12}};
+  // One token; GQA groups 1–4; T not a multiple of the 64-row tile; both kernel widths.
+  // Packed documents: starts inside tile 0 (a tile across a boundary), at the tile edge 64
+  // (tiles before and after one), inside tile 1, and one whose query tile skips key tile 0;
+  // a document that ends one row into the next tile (its keys in tile 0 are seen by tile 1),
+  // a one-token document at the end, and GQA. On the cuda columns head dims 16, 64 and 128
+  // run the tensor-core kernels, 12 the FMA ones (kernels/cuda/cuda_attention.cu).
+  const std::vector<AttentionShape> shapes = {{1, 1, 1, 1, 16},
+                                              {2, 17, 4, 2, 16},
+                                              {1, 65, 3, 1, 64},
+                                              {1, 33, 4, 1, 64},
+                                              {1, 70, 2, 2, 128},
+                                              {1, 20, 2, 1, 12},
+                                              {1, 150, 2, 1, 16, {{0, 40, 64, 100}}},
+                                              {2, 70, 4, 2, 64, {{0, 5, 65}, {0, 69}}},
+                                              {1, 90, 2, 1, 12, {{0, 30, 65}}}};
   const DType dtype = attention_dtype();
   // bf16 chains several roundings (P, dS) (docs/cuda.md).
   const double tolerance = dtype == DType::bf16 ? 3e-2 : 1e-4;
   for (const AttentionShape& s : shapes) {
-    SCOPED_TRACE(describe(dtype, {s.batch, s.seq, s.q_heads, s.kv_heads, s.dim}));
+    SCOPED_TRACE(describe(dtype, {s.batch, s.seq, s.q_heads, s.kv_heads, s.dim}) +
+                 (s.starts.empty() ? "" : " with documents"));
+    const Documents documents{s.starts};
     const size_t q_count = size_t(s.batch * s.seq * s.q_heads * s.dim);
     const size_t kv_count = size_t(s.batch * s.seq * s.kv_heads * s.dim);
     const std::vector<float> q = values(q_count, 36, dtype, 2.0f),
@@ -613,7 +630,7 @@ TEST_P(BackendOps, Attention) {
     Buffer out = put(dtype, {s.batch, s.seq, s.q_heads, s.dim}, std::vector<float>(q_count));
     Buffer lse = put(DType::f32, {s.batch, s.q_heads, s.seq},
                      std::vector<float>(size_t(s.batch * s.q_heads * s.seq)));
-    backend().attention_forward(out, lse, qb, kb, vb);
+    backend().attention_forward(out, lse, qb, kb, vb, documents);
     std::vector<double> expected_lse;
     const std::vector<double> expected =
         attention_reference(s, to_double(q), to_double(k), to_double(v), &expected_lse);
@@ -624,7 +641,7 @@ TEST_P(BackendOps, Attention) {
     Buffer dk = put(dtype, {s.batch, s.seq, s.kv_heads, s.dim}, std::vector<float>(kv_count));
     Buffer dv = put(dtype, {s.batch, s.seq, s.kv_heads, s.dim}, std::vector<float>(kv_count));
     backend().attention_backward(dq, dk, dv, put(dtype, {s.batch, s.seq, s.q_heads, s.dim}, dout),
-                                 qb, kb, vb, out, lse);
+                                 qb, kb, vb, out, lse, documents);
     // 64 coordinates per input (plus the first and last): the reference is O(T² d) a call.
     const size_t checks = 64;
     if (s.seq == 1) {

@@ -514,11 +514,25 @@ TEST(ValidateForWorld, KvHeadsAreSplitOrReplicatedOrRefused) {
   EXPECT_TRUE(contains(message, "on 6 ranks sp can be 1, 3 or 6")) << message;
 }
 
-TEST(ValidateForWorld, SeqLenMustSplitEvenly) {
+TEST(ValidateForWorld, CudnnIsRefusedWithDocumentsOrPadding) {
+  EXPECT_NE(config_error("device: cuda\ndata:\n  documents: eos\nkernels:\n  attention: cudnn\n")
+                .find("kernels.attention: cudnn cannot mask packed documents"),
+            std::string::npos);
+  Config padded = config_with(
+      "device: cuda\nparallel:\n  sp: 4\ntrain:\n  seq_len: 250\nkernels:\n  attention: cudnn\n");
+  EXPECT_NE(world_error(padded, 4).find("kernels.attention: cudnn cannot mask the padding of "
+                                        "train.seq_len=250"),
+            std::string::npos);
+  EXPECT_TRUE(attention_has_documents(padded));
+  padded.train.seq_len = 256;
+  EXPECT_FALSE(attention_has_documents(padded));
+  EXPECT_NO_THROW(validate_for_world(padded, 4));
+}
+
+TEST(ValidateForWorld, AnySeqLenIsAcceptedOnAnySp) {
+  // A length sp does not divide is padded (docs/parallelism.md, "Any length under any sp").
   Config config = config_with("parallel:\n  sp: 4\ntrain:\n  seq_len: 250\n");
-  std::string message = world_error(config, 4);
-  EXPECT_TRUE(contains(message, "train.seq_len=250 is not divisible by parallel.sp=4")) << message;
-  EXPECT_TRUE(contains(message, "248 or 252")) << message;
+  EXPECT_NO_THROW(validate_for_world(config, 4));
 }
 
 TEST(ValidateForWorld, HeadChunksMustSplitEachRanksHeadsIntoWholeStages) {

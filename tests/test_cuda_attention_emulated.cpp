@@ -38,12 +38,24 @@ constexpr double kLseTolerance = 1e-5;
 struct Shape {
   int64_t batch, seq;
   int q_heads, kv_heads, dim;
+  // Packed documents (kernels/documents.h): each sequence's starts; empty: none.
+  std::vector<std::vector<int64_t>> starts = {};
 };
 
 std::string describe(const Shape& s) {
-  return "B " + std::to_string(s.batch) + " T " + std::to_string(s.seq) + " Hq " +
-         std::to_string(s.q_heads) + " Hkv " + std::to_string(s.kv_heads) + " d " +
-         std::to_string(s.dim);
+  std::string text = "B " + std::to_string(s.batch) + " T " + std::to_string(s.seq) + " Hq " +
+                     std::to_string(s.q_heads) + " Hkv " + std::to_string(s.kv_heads) + " d " +
+                     std::to_string(s.dim);
+  for (const std::vector<int64_t>& starts : s.starts) {
+    text += " starts";
+    for (int64_t start : starts) text += " " + std::to_string(start);
+  }
+  return text;
+}
+
+// The start of the document that holds query t of sequence b (0 without documents).
+int64_t reference_document_start(const Shape& s, int64_t b, int64_t t) {
+  return s.starts.empty() ? 0 : document_start(s.starts[size_t(b)], t);
 }
 
 std::vector<bf16> random_bf16(size_t count, uint32_t seed, float scale) {
@@ -78,7 +90,8 @@ struct Expected {
   std::vector<double> out, lse, dq, dk, dv;
 };
 
-// Causal softmax(q·kᵀ/√d)·v and its gradients for the loss Σ dout ∘ out, in double.
+// Causal softmax(q·kᵀ/√d)·v, each query seeing only its own document's keys, and its gradients
+// for the loss Σ dout ∘ out, in double.
 Expected reference(const Shape& s, const std::vector<bf16>& q, const std::vector<bf16>& k,
                    const std::vector<bf16>& v, const std::vector<bf16>& dout) {
   const int64_t T = s.seq, d = s.dim, group = s.q_heads / s.kv_heads;
@@ -92,9 +105,10 @@ Expected reference(const Shape& s, const std::vector<bf16>& q, const std::vector
     for (int64_t h = 0; h < s.q_heads; ++h) {
       const int64_t kv = h / group;
       for (int64_t i = 0; i < T; ++i) {
-        std::vector<double> scores(size_t(i + 1));
+        const int64_t first = reference_document_start(s, b, i);
+        std::vector<double> scores(size_t(i + 1), -INFINITY);
         double max_score = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           double dot = 0.0;
           for (int64_t c = 0; c < d; ++c)
             dot += value(q[q_at(b, i, h) + c]) * value(k[kv_at(b, j, kv) + c]);
@@ -108,12 +122,12 @@ Expected reference(const Shape& s, const std::vector<bf16>& q, const std::vector
         double row_dot = 0.0;
         for (int64_t c = 0; c < d; ++c) {
           double o = 0.0;
-          for (int64_t j = 0; j <= i; ++j)
+          for (int64_t j = first; j <= i; ++j)
             o += std::exp(scores[j] - lse) * value(v[kv_at(b, j, kv) + c]);
           e.out[q_at(b, i, h) + c] = o;
           row_dot += o * value(dout[q_at(b, i, h) + c]);
         }
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           const double p = std::exp(scores[j] - lse);
           double dp = 0.0;
           for (int64_t c = 0; c < d; ++c)
@@ -164,19 +178,28 @@ AttentionDims dims_of(const Shape& s) {
   return {s.seq, s.q_heads, s.kv_heads, s.dim, float(1.0 / std::sqrt(double(s.dim)))};
 }
 
+// The documents as the kernels take them (kernels/cuda/cuda_attention_mask.cuh); words holds
+// the array the mask points into.
+DocumentMask mask_of(const Shape& s, std::vector<int32_t>& words) {
+  words = document_mask_words(Documents{s.starts});
+  return document_mask_at(words.empty() ? nullptr : words.data());
+}
+
 // The forward kernels with the launch shapes of kernels/cuda/cuda_attention.cu.
 template <int kDim>
 void run_forward(Kernels kernels, const Inputs& in, Outputs& o) {
   const AttentionDims dims = dims_of(in.shape);
+  std::vector<int32_t> words;
+  const DocumentMask mask = mask_of(in.shape, words);
   if (kernels == Kernels::tensor_cores)
     launch(attention_forward_mma_launch(dims, in.shape.batch), [&] {
       attention_forward_mma_kernel<kDim>(o.out.data(), o.lse.data(), in.q.data(), in.k.data(),
-                                         in.v.data(), dims);
+                                         in.v.data(), dims, mask);
     });
   else
     launch(attention_forward_launch(dims, in.shape.batch), [&] {
       attention_forward_kernel<kDim>(o.out.data(), o.lse.data(), in.q.data(), in.k.data(),
-                                     in.v.data(), dims);
+                                     in.v.data(), dims, mask);
     });
 }
 
@@ -185,6 +208,8 @@ template <int kDim>
 void run_backward(Kernels kernels, const Inputs& in, Outputs& o) {
   const Shape& s = in.shape;
   const AttentionDims dims = dims_of(s);
+  std::vector<int32_t> words;
+  const DocumentMask mask = mask_of(s, words);
   std::vector<float> row_dot(o.lse.size(), NAN);
   const int64_t rows = s.batch * s.seq * s.q_heads;
   launch(attention_row_dot_launch(rows), [&] {
@@ -193,20 +218,21 @@ void run_backward(Kernels kernels, const Inputs& in, Outputs& o) {
   if (kernels == Kernels::tensor_cores) {
     launch(attention_dq_mma_launch(dims, s.batch), [&] {
       attention_dq_mma_kernel<kDim>(o.dq.data(), in.dout.data(), in.q.data(), in.k.data(),
-                                    in.v.data(), o.lse.data(), row_dot.data(), dims);
+                                    in.v.data(), o.lse.data(), row_dot.data(), dims, mask);
     });
     launch(attention_dkv_mma_launch(dims, s.batch), [&] {
       attention_dkv_mma_kernel<kDim>(o.dk.data(), o.dv.data(), in.dout.data(), in.q.data(),
-                                     in.k.data(), in.v.data(), o.lse.data(), row_dot.data(), dims);
+                                     in.k.data(), in.v.data(), o.lse.data(), row_dot.data(), dims,
+                                     mask);
     });
   } else {
     launch(attention_dq_launch(dims, s.batch), [&] {
       attention_dq_kernel<kDim>(o.dq.data(), in.dout.data(), in.q.data(), in.k.data(), in.v.data(),
-                                o.lse.data(), row_dot.data(), dims);
+                                o.lse.data(), row_dot.data(), dims, mask);
     });
     launch(attention_dkv_launch(dims, s.batch), [&] {
       attention_dkv_kernel<kDim>(o.dk.data(), o.dv.data(), in.dout.data(), in.q.data(), in.k.data(),
-                                 in.v.data(), o.lse.data(), row_dot.data(), dims);
+                                 in.v.data(), o.lse.data(), row_dot.data(), dims, mask);
     });
   }
 }
@@ -259,25 +285,33 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Shape& s = info.param.shape;
   return "B" + std::to_string(s.batch) + "_T" + std::to_string(s.seq) + "_Hq" +
          std::to_string(s.q_heads) + "_Hkv" + std::to_string(s.kv_heads) + "_d" +
-         std::to_string(s.dim);
+         std::to_string(s.dim) + (s.starts.empty() ? "" : "_documents");
 }
 
 // Both kernel widths (64, 128) and head dims below them (zero-filled columns), one token,
 // sequences that are not a multiple of the 64-row tile and four key tiles (the double buffer
-// reused), B > 1, GQA groups of 1, 2 and 3. Small: each mma is two warp barriers here.
-INSTANTIATE_TEST_SUITE_P(TensorCores, EmulatedAttention,
-                         ::testing::Values(Case{Kernels::tensor_cores, {1, 1, 1, 1, 8}},
-                                           Case{Kernels::tensor_cores, {2, 130, 2, 1, 64}},
-                                           Case{Kernels::tensor_cores, {1, 70, 2, 2, 40}},
-                                           Case{Kernels::tensor_cores, {1, 65, 3, 1, 72}},
-                                           Case{Kernels::tensor_cores, {1, 200, 1, 1, 128}}),
-                         case_name);
+// reused), B > 1, GQA groups of 1, 2 and 3. Packed documents: a query tile that skips key
+// tile 0 (start 70), a document across the tile edge whose warps see none of a tile (start
+// 40: rows 40–63 see nothing of keys 0–39), a start at the tile edge 64 and a one-token
+// document at the end, a document ending one row into the next tile (start 65), GQA.
+// Small: each mma is two warp barriers here.
+INSTANTIATE_TEST_SUITE_P(
+    TensorCores, EmulatedAttention,
+    ::testing::Values(Case{Kernels::tensor_cores, {1, 1, 1, 1, 8}},
+                      Case{Kernels::tensor_cores, {2, 130, 2, 1, 64}},
+                      Case{Kernels::tensor_cores, {1, 70, 2, 2, 40}},
+                      Case{Kernels::tensor_cores, {1, 65, 3, 1, 72}},
+                      Case{Kernels::tensor_cores, {1, 200, 1, 1, 128}},
+                      Case{Kernels::tensor_cores, {1, 150, 2, 1, 16, {{0, 40, 70, 149}}}},
+                      Case{Kernels::tensor_cores, {2, 130, 1, 1, 64, {{0, 64, 129}, {0, 5, 65}}}}),
+    case_name);
 
 // The FMA kernels run the head dims that are not multiples of 8.
 INSTANTIATE_TEST_SUITE_P(Fma, EmulatedAttention,
                          ::testing::Values(Case{Kernels::fma, {1, 1, 1, 1, 2}},
                                            Case{Kernels::fma, {2, 130, 2, 1, 42}},
-                                           Case{Kernels::fma, {1, 65, 3, 1, 74}}),
+                                           Case{Kernels::fma, {1, 65, 3, 1, 74}},
+                                           Case{Kernels::fma, {1, 130, 2, 1, 42, {{0, 40, 70}}}}),
                          case_name);
 
 // Same interface, same lse: either kind's forward feeds the other's backward (as cuDNN's

@@ -14,9 +14,12 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "testing.h"
 
 namespace ulysses {
 namespace {
+
+using testing::cuda_backend_or_reason;
 
 // bf16 outputs carry 8 significant bits: one rounding is 2^-9 relative.
 constexpr double kBf16Output = 1e-2;
@@ -46,20 +49,6 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
     max_expected = std::max(max_expected, std::abs(double(expected[i])));
   }
   return max_error / std::max(max_expected, 1e-30);
-}
-
-// The cuda backend, or the reason there is none ("no CUDA device: ..." or "... no CUDA
-// backend ..."); any other failure to start is a test failure, not a skip.
-std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason) {
-  try {
-    return make_backend(BackendKind::cuda, 0);
-  } catch (const std::exception& error) {
-    reason = error.what();
-    if (reason.find("no CUDA device") == std::string::npos &&
-        reason.find("no CUDA backend") == std::string::npos)
-      throw;
-    return nullptr;
-  }
 }
 
 class CudaOps : public ::testing::Test {

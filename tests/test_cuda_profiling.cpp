@@ -18,21 +18,12 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "parallel/local_comm.h"
 #include "parallel/mesh.h"
+#include "testing.h"
 
 namespace ulysses {
 namespace {
 
-std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason) {
-  try {
-    return make_backend(BackendKind::cuda, 0, AttentionKernel::native);
-  } catch (const std::exception& error) {
-    reason = error.what();
-    if (reason.find("no CUDA device") == std::string::npos &&
-        reason.find("no CUDA backend") == std::string::npos)
-      throw;
-    return nullptr;
-  }
-}
+using testing::cuda_backend_or_reason;
 
 // A llama of one batch row of seq_len tokens with the native attention kernels.
 Config llama_config(int layers, int d_model, int heads, int kv_heads, int seq_len) {

@@ -11,24 +11,15 @@
 
 #include "core/config.h"
 #include "kernels/backend.h"
+#include "testing.h"
 #include "tests/training_comparison.h"
 
 namespace ulysses {
 namespace {
 
-using namespace training_test;
+using testing::cuda_backend_or_reason;
 
-std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason, AttentionKernel attention) {
-  try {
-    return make_backend(BackendKind::cuda, 0, attention);
-  } catch (const std::exception& error) {
-    reason = error.what();
-    if (reason.find("no CUDA device") == std::string::npos &&
-        reason.find("no CUDA backend") == std::string::npos)
-      throw;
-    return nullptr;
-  }
-}
+using namespace training_test;
 
 Config training_config(const std::string& family,
                        const std::string& memory = "loss_tile_tokens: 64") {

@@ -50,11 +50,9 @@ std::vector<float> random_weights(const ParamTable& table, uint64_t seed) {
   return weights;
 }
 
-class ReferenceTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
-  if (!torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch (python3-torch) is absent";
-  const std::string family = GetParam();
+// With documents, PyTorch gets them as "document_starts" and masks block-diagonally, with
+// positions restarting per document (tests/reference/reference_model.py).
+void expect_matches_pytorch(const std::string& family, const Documents& documents) {
   Config config = reference_config(family);
   const ModelConfig& m = config.model;
   const int64_t batch = 2, seq = 24;
@@ -68,6 +66,7 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
   MicroBatch micro;
   micro.batch = batch;
   micro.seq_local = seq;
+  micro.documents = documents;
   std::mt19937 engine(3);
   nlohmann::json inputs = nlohmann::json::array(), targets = nlohmann::json::array();
   for (int64_t b = 0; b < batch; ++b) {
@@ -97,8 +96,9 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
                                 {"vocab_size", m.vocab_size},  {"max_seq_len", m.max_seq_len},
                                 {"rope_theta", m.rope_theta},  {"norm_eps", m.norm_eps}};
   testing::write_text_file(dir.file("config.json"), config_json.dump());
-  testing::write_text_file(dir.file("batch.json"),
-                           nlohmann::json{{"inputs", inputs}, {"targets", targets}}.dump());
+  nlohmann::json batch_json = {{"inputs", inputs}, {"targets", targets}};
+  if (!documents.none()) batch_json["document_starts"] = documents.starts;
+  testing::write_text_file(dir.file("batch.json"), batch_json.dump());
   SafetensorsWriter writer;
   for (const ParamSpec& spec : model.table().specs())
     writer.add(spec.name, spec.shape, weights.data() + spec.offset);
@@ -126,6 +126,19 @@ TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
     EXPECT_LE(max_error, 1e-4 * max_expected) << spec.name << ": max |ours - torch| = " << max_error
                                               << ", max |torch| = " << max_expected;
   }
+}
+
+class ReferenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferenceTest, LossAndEveryGradientMatchPyTorch) {
+  if (!torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch (python3-torch) is absent";
+  expect_matches_pytorch(GetParam(), Documents{});
+}
+
+TEST_P(ReferenceTest, PackedDocumentsMatchPyTorch) {
+  if (!torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch (python3-torch) is absent";
+  // Three documents in the first sequence, two in the second; one of a single token.
+  expect_matches_pytorch(GetParam(), Documents{{{0, 7, 15, 16}, {0, 11}}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ReferenceTest, ::testing::Values("llama", "gpt2"));

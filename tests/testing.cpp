@@ -91,4 +91,16 @@ std::string mpirun(int ranks) {
          std::to_string(ranks) + " ";
 }
 
+std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason, AttentionKernel attention) {
+  try {
+    return make_backend(BackendKind::cuda, 0, attention);
+  } catch (const std::exception& error) {
+    reason = error.what();
+    if (reason.find("no CUDA device") == std::string::npos &&
+        reason.find("no CUDA backend") == std::string::npos)
+      throw;
+    return nullptr;
+  }
+}
+
 }  // namespace ulysses::testing

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
+
 namespace ulysses::testing {
 
 // A fresh empty directory under the system temp dir, removed by the destructor.
@@ -48,5 +50,10 @@ CommandResult run_command(const std::string& command_line);
 // "mpirun -np RANKS" with what Open MPI needs here (root, more ranks than cores, one thread
 // per rank), for command lines (it starts with `env`, so it may follow `timeout`).
 std::string mpirun(int ranks);
+
+// The cuda backend, or nullptr with the reason there is none ("no CUDA device: ..." or "...
+// no CUDA backend ...") for GTEST_SKIP; any other failure to start is thrown, a test failure.
+std::unique_ptr<Backend> cuda_backend_or_reason(
+    std::string& reason, AttentionKernel attention = AttentionKernel::native);
 
 }  // namespace ulysses::testing

@@ -3,12 +3,16 @@
 // O(tile² + tile·d) scratch per thread ever exists. Backward recomputes the probabilities
 // from the saved log-sum-exp in two passes (query tiles for dQ, key tiles for dK and dV) so
 // that every output element is written by one task in a fixed order: results are
-// bit-identical for any thread count.
+// bit-identical for any thread count. With packed documents (kernels/documents.h) a query
+// row sees only the keys of its own document, and key tiles that lie wholly before the
+// document of a query tile's first row are never visited, so the work follows Σ doc_len²
+// (docs/parallelism.md, "Packed documents").
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
@@ -130,22 +134,41 @@ ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, in
   }
 }
 
-// Keys visible from query row `query` in a key tile starting at key0 with key_rows rows.
+// Keys visible from query row `query` in a key tile starting at key0 with key_rows rows
+// end before this column of the tile.
 int64_t visible_keys(int64_t query, int64_t key0, int64_t key_rows) {
   return std::clamp<int64_t>(query - key0 + 1, 0, key_rows);
+}
+
+// ... and begin at this one: the first key of the query's document (row_start, the
+// document start of each query row of the tile; null without documents).
+int64_t first_visible_key(const int64_t* row_start, int64_t row, int64_t key0) {
+  return row_start ? std::max<int64_t>(row_start[row] - key0, 0) : 0;
+}
+
+// The document start of every position of every sequence, [B·T] (empty without documents).
+std::vector<int64_t> row_document_starts(const Documents& documents, int64_t seq_len) {
+  std::vector<int64_t> start_of;
+  for (const std::vector<int64_t>& starts : documents.starts) {
+    const std::vector<int64_t> one = document_start_of_each(starts, seq_len);
+    start_of.insert(start_of.end(), one.begin(), one.end());
+  }
+  return start_of;
 }
 
 // Forward online-softmax step for one [kTile][kTile] score tile: scores become the
 // probabilities relative to the new running max, running sums are updated, and rows of the
 // output accumulator are rescaled by exp(old max − new max).
 ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float* row_max,
-                                             float* row_sum, int64_t q0, int64_t q_rows, int64_t k0,
-                                             int64_t k_rows, int64_t pdim) {
+                                             float* row_sum, const int64_t* row_start, int64_t q0,
+                                             int64_t q_rows, int64_t k0, int64_t k_rows,
+                                             int64_t pdim) {
   constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = scores + i * kTile;
     const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
-    if (visible == 0) {
+    const int64_t first = i < q_rows ? first_visible_key(row_start, i, k0) : 0;
+    if (visible <= first) {
       std::fill(p, p + kTile, 0.0f);
       continue;
     }
@@ -154,8 +177,8 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
 #pragma omp simd reduction(max : tile_max)
     for (int64_t j = 0; j < kTile; ++j) {
       const float score = p[j];
-      tile_max =
-          cpu::vector_max(tile_max, cpu::select(cpu::mask_if(j < visible), score, kMinusInfinity));
+      tile_max = cpu::vector_max(
+          tile_max, cpu::select(cpu::mask_if(j >= first && j < visible), score, kMinusInfinity));
     }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
@@ -163,7 +186,7 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < kTile; ++j) {
       const float value =
-          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
+          cpu::select(cpu::mask_if(j >= first && j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
       p[j] = value;
       sum += value;
     }
@@ -178,17 +201,18 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
 // Backward: probs becomes P = exp(S − lse) and dprobs becomes dS = P ∘ (dP − D), both zero
 // where masked; tile_lse and tile_d hold lse and D of the tile's query rows.
 ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const float* tile_lse,
-                                           const float* tile_d, int64_t q0, int64_t q_rows,
-                                           int64_t k0, int64_t k_rows) {
+                                           const float* tile_d, const int64_t* row_start,
+                                           int64_t q0, int64_t q_rows, int64_t k0, int64_t k_rows) {
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = probs + i * kTile;
     float* dp = dprobs + i * kTile;
     const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
+    const int64_t first = i < q_rows ? first_visible_key(row_start, i, k0) : 0;
     const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
     for (int64_t j = 0; j < kTile; ++j) {
       const float prob =
-          cpu::select(cpu::mask_if(j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
+          cpu::select(cpu::mask_if(j >= first && j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
       p[j] = prob;
       dp[j] = prob * (dp[j] - row_d);
     }
@@ -198,8 +222,10 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
 }  // namespace
 
 void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                        const Tensor& k, const Tensor& v) {
+                                        const Tensor& k, const Tensor& v,
+                                        const Documents& documents) {
   const AttentionShape s = checked_shape(q, k, v, out, lse, "attention_forward");
+  const std::vector<int64_t> start_of = row_document_starts(documents, s.seq_len);
   const int64_t pdim = s.padded_dim;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;
@@ -233,6 +259,9 @@ void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, co
       const int64_t kv_h = h / group;
       const int64_t q0 = tile * kTile;
       const int64_t q_rows = std::min(kTile, s.seq_len - q0);
+      // Key tiles before the document of the tile's first row are masked whole: skipped.
+      const int64_t* row_start = start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
+      const int64_t first_key_tile = row_start ? row_start[0] / kTile : 0;
 
       // The q tile is pre-scaled by 1/sqrt(d), so its products are the scaled scores.
       load_rows(q_tile, q_data + ((b * s.seq_len + q0) * s.q_heads + h) * s.dim, q_stride, q_rows,
@@ -241,14 +270,15 @@ void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, co
       std::fill(row_max, row_max + kTile, -std::numeric_limits<float>::infinity());
       std::fill(row_sum, row_sum + kTile, 0.0f);
 
-      for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+      for (int64_t key_tile = first_key_tile; key_tile <= tile; ++key_tile) {
         const int64_t k0 = key_tile * kTile;
         const int64_t k_rows = std::min(kTile, s.seq_len - k0);
         const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
         load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
         load_rows(v_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
         tile_matmul(scores, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
-        online_softmax_tile(scores, o_tile, row_max, row_sum, q0, q_rows, k0, k_rows, pdim);
+        online_softmax_tile(scores, o_tile, row_max, row_sum, row_start, q0, q_rows, k0, k_rows,
+                            pdim);
         tile_matmul(o_tile, scores, kTile, 1, v_tile, pdim, kTile, true);
       }
 
@@ -264,9 +294,11 @@ void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, co
 
 void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                          const Tensor& dout, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tensor& out, const Tensor& lse) {
+                                         const Tensor& v, const Tensor& out, const Tensor& lse,
+                                         const Documents& documents) {
   const char* op = "attention_backward";
   const AttentionShape s = checked_shape(q, k, v, out, lse, op);
+  const std::vector<int64_t> start_of = row_document_starts(documents, s.seq_len);
   cpu::require_f32(dq, op, "dq");
   cpu::require_f32(dk, op, "dk");
   cpu::require_f32(dv, op, "dv");
@@ -330,6 +362,8 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
       const int64_t q_rows = std::min(kTile, s.seq_len - q0);
       const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
       const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
+      const int64_t* row_start = start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
+      const int64_t first_key_tile = row_start ? row_start[0] / kTile : 0;
 
       load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
       load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
@@ -339,7 +373,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
       std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
       std::fill(dq_tile, dq_tile + kTile * pdim, 0.0f);
 
-      for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+      for (int64_t key_tile = first_key_tile; key_tile <= tile; ++key_tile) {
         const int64_t k0 = key_tile * kTile;
         const int64_t k_rows = std::min(kTile, s.seq_len - k0);
         const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
@@ -348,7 +382,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
         load_rows(k_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
         tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
         tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
+        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, row_start, q0, q_rows, k0, k_rows);
         tile_matmul(dq_tile, dprobs, kTile, 1, k_tile, pdim, kTile, true);
       }
 
@@ -386,6 +420,11 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
       const int64_t k0 = key_tile * kTile;
       const int64_t k_rows = std::min(kTile, s.seq_len - k0);
       const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
+      // Query tiles that start after the document of the tile's last key are masked whole.
+      const int64_t query_end =
+          documents.none() ? s.seq_len
+                           : document_end(documents.starts[size_t(b)], k0 + k_rows - 1, s.seq_len);
+      const int64_t end_tile = (query_end + kTile - 1) / kTile;
 
       load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
       load_columns(vt_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
@@ -393,11 +432,13 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
       std::fill(dv_tile, dv_tile + kTile * pdim, 0.0f);
 
       for (int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
-        for (int64_t tile = key_tile; tile < s.tiles; ++tile) {
+        for (int64_t tile = key_tile; tile < end_tile; ++tile) {
           const int64_t q0 = tile * kTile;
           const int64_t q_rows = std::min(kTile, s.seq_len - q0);
           const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
           const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
+          const int64_t* row_start =
+              start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
           load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
           load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
           std::fill(tile_lse, tile_lse + kTile, 0.0f);
@@ -406,7 +447,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, con
           std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
           tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
           tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, q0, q_rows, k0, k_rows);
+          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, row_start, q0, q_rows, k0, k_rows);
           tile_matmul(dv_tile, probs, 1, kTile, do_tile, pdim, kTile, true);
           tile_matmul(dk_tile, dprobs, 1, kTile, q_tile, pdim, kTile, true);
         }

@@ -4,7 +4,8 @@
 // backward recomputing P from the saved log-sum-exp (cuda_attention_mma.cuh). Other head dims
 // run the flash-style FMA kernels (cuda_attention_kernels.cuh): a block of 256 threads owns 64
 // rows, four threads per row, tiles in shared memory with padded rows. Both write the same
-// out and lse, so either forward feeds either backward (or cuDNN's). docs/cuda.md, "Attention".
+// out and lse, so either forward feeds either backward (or cuDNN's), and both mask packed
+// documents by the one helper, cuda_attention_mask.cuh. docs/cuda.md, "Attention".
 //
 // Backward, both kinds: D = rowsum(dO ∘ O), then dQ per query tile, and dK/dV per key tile
 // looping over the q heads of its GQA group and the query tiles after it. Each output element
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_attention_kernels.cuh"
 #include "kernels/cuda/cuda_attention_mma.cuh"
@@ -58,16 +60,43 @@ AttentionDims checked_dims(const Tensor& q, const Tensor& k, const Tensor& v, co
           float(1.0 / std::sqrt(double(s.dim)))};
 }
 
+// cuDNN's fused attention here has no document mask (docs/cuda.md).
+void refuse_cudnn_documents(const char* op) {
+  throw std::invalid_argument(std::string(op) +
+                              ": kernels.attention: cudnn cannot mask packed documents "
+                              "(data.documents: eos, or a train.seq_len that parallel.sp does "
+                              "not divide); use kernels.attention: native or auto");
+}
+
+// The document starts as one small i32 device buffer (cuda_attention_mask.cuh); empty
+// without documents. Freed in stream order, so it outlives the kernels that read it.
+Buffer upload_documents(Backend& backend, const Documents& documents) {
+  const std::vector<int32_t> words = document_mask_words(documents);
+  if (words.empty()) return Buffer();
+  Buffer buffer = backend.alloc(MemCategory::workspace, DType::i32, {int64_t(words.size())},
+                                "attention document starts");
+  backend.upload(buffer, words.data());
+  return buffer;
+}
+
+DocumentMask mask_of(const Buffer& words) {
+  return document_mask_at(words.empty() ? nullptr
+                                        : static_cast<const int32_t*>(words.tensor().data));
+}
+
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                         const Tensor& k, const Tensor& v) {
+                                         const Tensor& k, const Tensor& v,
+                                         const Documents& documents) {
   const char* op = "attention_forward";
   const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
+  if (cudnn_attention_ && !documents.none()) refuse_cudnn_documents(op);
   if (cudnn_attention_) return cudnn_attention_->forward(out, lse, q, k, v);
 #endif
+  const Buffer document_words = upload_documents(*this, documents);
   const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, q.data);
   const LaunchShape shape = tensor_cores ? attention_forward_mma_launch(dims, q.shape[0])
                                          : attention_forward_launch(dims, q.shape[0]);
@@ -75,7 +104,8 @@ void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, c
     allow_shared_memory(kernel, shape.shared_bytes, op);
     kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
         static_cast<bf16*>(out.data), lse.f32(), static_cast<const bf16*>(q.data),
-        static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), dims);
+        static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), dims,
+        mask_of(document_words));
   };
   const bool narrow = kernel_dim(dims.dim) == 64;
   if (tensor_cores)
@@ -87,7 +117,8 @@ void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, c
 
 void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                           const Tensor& dout, const Tensor& q, const Tensor& k,
-                                          const Tensor& v, const Tensor& out, const Tensor& lse) {
+                                          const Tensor& v, const Tensor& out, const Tensor& lse,
+                                          const Documents& documents) {
   const char* op = "attention_backward";
   const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
   cuda::require_dtype(dq, DType::bf16, op, "dq");
@@ -96,9 +127,12 @@ void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, co
   cuda::require_dtype(dout, DType::bf16, op, "dout");
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
+  if (cudnn_attention_ && !documents.none()) refuse_cudnn_documents(op);
   if (cudnn_attention_) return cudnn_attention_->backward(dq, dk, dv, dout, q, k, v, out, lse);
 #endif
   const int64_t batch = q.shape[0];
+  const Buffer document_words = upload_documents(*this, documents);
+  const DocumentMask mask = mask_of(document_words);
 
   Buffer row_dot = attention_row_dot(*this, batch, dims.q_heads, dims.seq_len);
   const int64_t rows = batch * dims.seq_len * dims.q_heads;
@@ -121,12 +155,12 @@ void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, co
     allow_shared_memory(dq_kernel, dq_shape.shared_bytes, op);
     dq_kernel<<<dq_shape.grid, dq_shape.threads, dq_shape.shared_bytes, stream_>>>(
         static_cast<bf16*>(dq.data), dout_data, q_data, k_data, v_data, lse.f32(), row_dot.f32(),
-        dims);
+        dims, mask);
     check_launch(op);
     allow_shared_memory(dkv_kernel, dkv_shape.shared_bytes, op);
     dkv_kernel<<<dkv_shape.grid, dkv_shape.threads, dkv_shape.shared_bytes, stream_>>>(
         static_cast<bf16*>(dk.data), static_cast<bf16*>(dv.data), dout_data, q_data, k_data, v_data,
-        lse.f32(), row_dot.f32(), dims);
+        lse.f32(), row_dot.f32(), dims, mask);
     check_launch(op);
   };
   const bool narrow = kernel_dim(dims.dim) == 64;

@@ -1,7 +1,7 @@
 // The native attention kernels on FMA units (see cuda_attention.cu for the design), for the
-// head dims and tensors the tensor-core kernels (cuda_attention_mma.cuh) do not take; apart from their
-// launches so that they can also run on the host: tests/test_cuda_attention_emulated.cpp
-// and tests/test_backend_ops.cpp execute them thread by thread. The device environment is
+// head dims and tensors the tensor-core kernels (cuda_attention_mma.cuh) do not take; apart from
+// their launches so that they can also run on the host: tests/test_cuda_attention_emulated.cpp and
+// tests/test_backend_ops.cpp execute them thread by thread. The device environment is
 // kernels/cuda/cuda_device.cuh (on the host, tests/cuda_emulation.h included first).
 #pragma once
 
@@ -73,10 +73,11 @@ struct AttentionDims {
 };
 
 // Grid: (query tiles, q heads, batch); the last (longest) query tiles are scheduled first.
+// With documents, key tiles before the document of the tile's first query are skipped.
 template <int kDim>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                             AttentionDims dims) {
+                             AttentionDims dims, DocumentMask documents = {}) {
   constexpr int kStride = kTileStride<kDim>;
   constexpr int kCols = kDim / 4;
   unsigned char* shared = dynamic_shared_memory();
@@ -104,8 +105,9 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
   float row_max = -INFINITY, row_sum = 0.0f;
+  const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
 
-  for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+  for (int64_t key_tile = first_key_tile(documents, b, q0, kTile); key_tile <= tile; ++key_tile) {
     const int64_t k0 = key_tile * kTile;
     __syncthreads();  // the previous tile's k, v and probabilities are no longer read
     load_tile<kDim>(k_tile, k_head, k0, T, kv_row_stride, D);
@@ -120,16 +122,17 @@ __global__ void __launch_bounds__(kAttentionThreads)
       const int64_t key = k0 + column;
       const float score =
           row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
-      // Key k0 is visible from every row of this block, so the row max is always finite.
-      scores[j] = key_visible(query, key) && key < T ? score : -INFINITY;
+      // A row may see no key of this tile (an earlier document's, or rows past T): its
+      // max stays -inf and the correction below is then taken as 1.
+      scores[j] = key_visible(query, query_start, key, T) ? score : -INFINITY;
       tile_max = fmaxf(tile_max, scores[j]);
     }
     const float new_max = fmaxf(row_max, quad_max(tile_max));
-    const float correction = __expf(row_max - new_max);
+    const float correction = new_max == -INFINITY ? 1.0f : __expf(row_max - new_max);
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kScoresPerThread; ++j) {
-      const float p = __expf(scores[j] - new_max);
+      const float p = new_max == -INFINITY ? 0.0f : __expf(scores[j] - new_max);
       probs[row * kScoreStride + quad + 4 * j] = p;
       sum += p;
     }
@@ -188,7 +191,8 @@ __global__ void attention_row_dot_kernel(float* row_dot_out, const bf16* dout, c
 template <int kDim>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dq_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                        const float* lse, const float* dout_dot_out, AttentionDims dims) {
+                        const float* lse, const float* dout_dot_out, AttentionDims dims,
+                        DocumentMask documents = {}) {
   constexpr int kStride = kTileStride<kDim>;
   constexpr int kCols = kDim / 4;
   unsigned char* shared = dynamic_shared_memory();
@@ -222,7 +226,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
 
-  for (int64_t key_tile = 0; key_tile <= tile; ++key_tile) {
+  const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
+  for (int64_t key_tile = first_key_tile(documents, b, q0, kTile); key_tile <= tile; ++key_tile) {
     const int64_t k0 = key_tile * kTile;
     __syncthreads();
     load_tile<kDim>(k_tile, k_head, k0, T, kv_row_stride, D);
@@ -232,7 +237,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     for (int j = 0; j < kScoresPerThread; ++j) {
       const int column = quad + 4 * j;
       const int64_t key = k0 + column;
-      const bool visible = key_visible(query, key) && key < T && query < T;
+      const bool visible = key_visible(query, query_start, key, T);
       const float score =
           row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
       const float p = visible ? __expf(score - row_lse) : 0.0f;
@@ -268,7 +273,7 @@ template <int kDim>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dkv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                          const bf16* v, const float* lse, const float* dout_dot_out,
-                         AttentionDims dims) {
+                         AttentionDims dims, DocumentMask documents = {}) {
   constexpr int kStride = kTileStride<kDim>;
   constexpr int kCols = kDim / 4;
   unsigned char* shared = dynamic_shared_memory();
@@ -298,11 +303,15 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int c = 0; c < kCols; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
 
+  // Query tiles that start after the document of the tile's last key see none of its keys.
+  const int64_t last_key = (k0 + kTile < T ? k0 + kTile : T) - 1;
+  const int64_t end_tile = end_query_tile(documents, b, last_key, T, kTile);
   for (int h = kv_h * group; h < (kv_h + 1) * group; ++h) {
     const int64_t q_offset = (b * T * dims.q_heads + h) * D;
-    for (int64_t tile = key_tile; tile < tiles; ++tile) {
+    for (int64_t tile = key_tile; tile < end_tile && tile < tiles; ++tile) {
       const int64_t q0 = tile * kTile;
       const int64_t query = q0 + row;
+      const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
       __syncthreads();
       load_tile<kDim>(q_tile, q + q_offset, q0, T, q_row_stride, D);
       load_tile<kDim>(do_tile, dout + q_offset, q0, T, q_row_stride, D);
@@ -314,7 +323,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
       for (int j = 0; j < kScoresPerThread; ++j) {
         const int column = quad + 4 * j;
         const int64_t key = k0 + column;
-        const bool visible = key_visible(query, key) && key < T && query < T;
+        const bool visible = key_visible(query, query_start, key, T);
         const float score =
             row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
         const float p = visible ? __expf(score - row_lse) : 0.0f;

@@ -4,9 +4,10 @@
 // dK/dV kernel; each warp owns 16 of them (one mma's m). The other side's tiles of 64 rows
 // stream through shared memory, double-buffered with cp.async: tile j+1 is in flight while
 // tile j is computed. Scores, the online softmax and every sum are fp32; probabilities are
-// rounded to bf16 only as the operand of the next mma. Tiles of keys above the diagonal are
-// skipped, and the element mask is applied only where a pair of tiles straddles it
-// (cuda_attention_mask.cuh). Same arguments, layouts and lse as the FMA kernels
+// rounded to bf16 only as the operand of the next mma. Tiles of keys above the diagonal, and
+// with packed documents those wholly in an earlier document, are skipped, and the element
+// mask is applied only where a pair of tiles is not wholly visible (cuda_attention_mask.cuh,
+// as for the FMA kernels). Same arguments, layouts and lse as the FMA kernels
 // (cuda_attention_kernels.cuh), which remain for the head dims these do not take.
 //
 // Backward recomputes P from the saved log-sum-exp, as FlashAttention-2, in two kernels so
@@ -155,7 +156,7 @@ __device__ void store_rows(bf16* dst, const float acc[kDim / 8][4], const float 
 template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                 AttentionDims dims) {
+                                 AttentionDims dims, DocumentMask documents = {}) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* q_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* k_tiles = q_tile + kTileElements;
@@ -174,8 +175,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t q_offset = (b * T * dims.q_heads + h) * D;
   const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
   const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
-  const int64_t first = first_key_tile(q0, kMmaRows);
+  const int64_t first = first_key_tile(documents, b, q0, kMmaRows);
   const int64_t end = end_key_tile(q0 + kMmaRows - 1, kMmaRows);
+  // The document starts of this lane's two rows and of the warp's last row (a padding row
+  // past T takes the last token's; the mask hides it anyway).
+  int64_t query_start[2];
+  for (int half = 0; half < 2; ++half) {
+    const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
+    query_start[half] = document_start(documents, b, query < T ? query : T - 1);
+  }
+  const int64_t warp_last = warp_q0 + kWarpRows - 1;
+  const int64_t warp_last_start = document_start(documents, b, warp_last < T ? warp_last : T - 1);
 
   copy_tile_async<kDim>(q_tile, q + q_offset, q0, T, q_row_stride, D);
   copy_tile_async<kDim>(k_tiles, k_head, first * kMmaRows, T, kv_row_stride, D);
@@ -203,13 +213,15 @@ __global__ void __launch_bounds__(kMmaThreads)
     float s[kScoreTiles][4] = {};
     warp_tile_abt<kDim>(s, q_tile, warp * kWarpRows, k_tile, D);
     const int64_t k0 = key_tile * kMmaRows;
-    // Padding rows (query ≥ T) see zero keys past the end: finite, and never written.
-    const bool all_visible = tiles_fully_visible(warp_q0, k0 + kMmaRows - 1);
+    // Padding rows (query ≥ T) are never written.
+    const bool all_visible = tiles_fully_visible(warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
         const int64_t query = warp_q0 + fragment_row(lane, i);
         const int64_t key = k0 + fragment_column(lane, n, i);
-        s[n][i] = all_visible || key_visible(query, key) ? s[n][i] * scale_log2 : -INFINITY;
+        s[n][i] = all_visible || key_visible(query, query_start[i / 2], key, T)
+                      ? s[n][i] * scale_log2
+                      : -INFINITY;
       }
 
     // Online softmax per row (this lane's rows g and g + 8, in i / 2): the four lanes of a row
@@ -219,7 +231,9 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int n = 0; n < kScoreTiles; ++n)
         tile_max = fmaxf(tile_max, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
       const float new_max = fmaxf(row_max[half], quad_max(tile_max));
-      // A row with no visible key so far (padding rows) keeps −∞: exp2(−∞ − 0) = 0, not NaN.
+      // A row that has seen no key so far (padding rows, or a document starting after this
+      // tile) keeps max −∞ and sum 0: exp2(−∞ − 0) = 0, not NaN. A row that sees none of
+      // this tile keeps its max and sum (correction 1, every p 0).
       const float base = new_max == -INFINITY ? 0.0f : new_max;
       const float correction = exp2f(row_max[half] - base);
       row_sum[half] *= correction;
@@ -256,7 +270,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                            const float* lse, const float* dout_dot_out, AttentionDims dims) {
+                            const float* lse, const float* dout_dot_out, AttentionDims dims,
+                            DocumentMask documents = {}) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* q_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* do_tile = q_tile + kTileElements;
@@ -276,8 +291,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t q_offset = (b * T * dims.q_heads + h) * D;
   const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
   const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
-  const int64_t first = first_key_tile(q0, kMmaRows);
+  const int64_t first = first_key_tile(documents, b, q0, kMmaRows);
   const int64_t end = end_key_tile(q0 + kMmaRows - 1, kMmaRows);
+  // The document starts of this lane's two rows and of the warp's last row (a padding row
+  // past T takes the last token's; the mask hides it anyway).
+  int64_t query_start[2];
+  for (int half = 0; half < 2; ++half) {
+    const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
+    query_start[half] = document_start(documents, b, query < T ? query : T - 1);
+  }
+  const int64_t warp_last = warp_q0 + kWarpRows - 1;
+  const int64_t warp_last_start = document_start(documents, b, warp_last < T ? warp_last : T - 1);
 
   float row_lse[2], row_d[2];  // lse in log2 units; padding rows read nothing
   for (int half = 0; half < 2; ++half) {
@@ -315,12 +339,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     warp_tile_abt<kDim>(dp, do_tile, warp * kWarpRows, v_tile, D);
     const int64_t k0 = key_tile * kMmaRows;
     // Padding rows (query ≥ T) are never written.
-    const bool all_visible = tiles_fully_visible(warp_q0, k0 + kMmaRows - 1);
+    const bool all_visible = tiles_fully_visible(warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
         const int64_t query = warp_q0 + fragment_row(lane, i);
         const int64_t key = k0 + fragment_column(lane, n, i);
-        const float p = all_visible || key_visible(query, key)
+        const float p = all_visible || key_visible(query, query_start[i / 2], key, T)
                             ? exp2f(s[n][i] * scale_log2 - row_lse[i / 2])
                             : 0.0f;
         s[n][i] = p * (dp[n][i] - row_d[i / 2]);  // dS
@@ -333,12 +357,14 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // The query-side tiles of one step of the dK/dV kernel's loop into a buffer: q and dO rows by
-// cp.async (the caller commits), lse (log2 units) and D by plain loads (their rows need not be
-// 16-byte aligned); padding rows get zeros, and the mask hides them.
+// cp.async (the caller commits); lse (log2 units), D and each query's document start by plain
+// stores (their rows need not be 16-byte aligned). Padding rows get zeros and the last
+// token's start, and the mask hides them.
 template <int kDim>
-__device__ void load_query_side(bf16* q_tile, bf16* do_tile, float* stats, const bf16* q,
-                                const bf16* dout, const float* lse, const float* dout_dot_out,
-                                int h, int64_t b, int64_t q0, const AttentionDims& dims) {
+__device__ void load_query_side(bf16* q_tile, bf16* do_tile, float* stats, int32_t* starts,
+                                const bf16* q, const bf16* dout, const float* lse,
+                                const float* dout_dot_out, const DocumentMask& documents, int h,
+                                int64_t b, int64_t q0, const AttentionDims& dims) {
   const int64_t T = dims.seq_len;
   const int64_t q_row_stride = int64_t(dims.q_heads) * dims.dim;
   const int64_t q_offset = (b * T * dims.q_heads + h) * dims.dim;
@@ -346,27 +372,30 @@ __device__ void load_query_side(bf16* q_tile, bf16* do_tile, float* stats, const
   copy_tile_async<kDim>(do_tile, dout + q_offset, q0, T, q_row_stride, dims.dim);
   const int r = threadIdx.x % kMmaRows;
   const int64_t query = q0 + r, stat = (b * dims.q_heads + h) * T + query;
-  if (threadIdx.x < kMmaRows)
+  if (threadIdx.x < kMmaRows) {
     stats[r] = query < T ? lse[stat] * kLog2e : 0.0f;
-  else
+  } else {
     stats[kMmaRows + r] = query < T ? dout_dot_out[stat] : 0.0f;
+    starts[r] = int32_t(document_start(documents, b, query < T ? query : T - 1));
+  }
 }
 
 // dV = Σ Pᵀ·dO and dK = scale · Σ dSᵀ·Q over the q heads of the kv head's group and the query
 // tiles at or after the key tile, computed transposed (Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ) so that each
 // warp owns 16 key rows of dK and dV. Grid (key tiles, kv heads, batch). Shared memory: K, V,
-// then Q and dO twice, then lse and D twice.
+// then Q and dO twice, then lse and D twice, then the queries' document starts twice.
 template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_dkv_mma_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                              const bf16* v, const float* lse, const float* dout_dot_out,
-                             AttentionDims dims) {
+                             AttentionDims dims, DocumentMask documents = {}) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* k_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* v_tile = k_tile + kTileElements;
   bf16* q_tiles = v_tile + kTileElements;
   bf16* do_tiles = q_tiles + 2 * kTileElements;
-  float* stats = reinterpret_cast<float*>(do_tiles + 2 * kTileElements);  // [2][lse, D][64]
+  float* stats = reinterpret_cast<float*>(do_tiles + 2 * kTileElements);   // [2][lse, D][64]
+  int32_t* starts = reinterpret_cast<int32_t*>(stats + 2 * 2 * kMmaRows);  // [2][64]
 
   const int64_t T = dims.seq_len;
   const int D = dims.dim;
@@ -378,15 +407,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t k0 = key_tile * kMmaRows, warp_k0 = k0 + warp * kWarpRows;
   const int64_t kv_row_stride = int64_t(dims.kv_heads) * D;
   const int64_t kv_offset = (b * T * dims.kv_heads + kv_h) * D;
-  // The loop's steps: (q head of the group, query tile from the first that sees a key here).
+  // The loop's steps: (q head of the group, query tile from the first that sees a key here to
+  // the last, which holds the end of the document of the tile's last key).
   const int64_t first = first_query_tile(k0, kMmaRows);
-  const int64_t per_head = int64_t(gridDim.x) - first;
+  const int64_t last_key = (k0 + kMmaRows < T ? k0 + kMmaRows : T) - 1;
+  const int64_t per_head = end_query_tile(documents, b, last_key, T, kMmaRows) - first;
   const int64_t steps = group * per_head;
 
   copy_tile_async<kDim>(k_tile, k + kv_offset, k0, T, kv_row_stride, D);
   copy_tile_async<kDim>(v_tile, v + kv_offset, k0, T, kv_row_stride, D);
-  load_query_side<kDim>(q_tiles, do_tiles, stats, q, dout, lse, dout_dot_out, kv_h * group, b,
-                        first * kMmaRows, dims);
+  load_query_side<kDim>(q_tiles, do_tiles, stats, starts, q, dout, lse, dout_dot_out, documents,
+                        kv_h * group, b, first * kMmaRows, dims);
   cp_async_commit();
 
   float dk_acc[kDim / 8][4] = {}, dv_acc[kDim / 8][4] = {};
@@ -394,11 +425,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int64_t step = 0; step < steps; ++step) {
     const int buffer = int(step % 2);
     if (step + 1 < steps)
-      load_query_side<kDim>(q_tiles + (1 - buffer) * kTileElements,
-                            do_tiles + (1 - buffer) * kTileElements,
-                            stats + (1 - buffer) * 2 * kMmaRows, q, dout, lse, dout_dot_out,
-                            int(kv_h * group + (step + 1) / per_head), b,
-                            (first + (step + 1) % per_head) * kMmaRows, dims);
+      load_query_side<kDim>(
+          q_tiles + (1 - buffer) * kTileElements, do_tiles + (1 - buffer) * kTileElements,
+          stats + (1 - buffer) * 2 * kMmaRows, starts + (1 - buffer) * kMmaRows, q, dout, lse,
+          dout_dot_out, documents, int(kv_h * group + (step + 1) / per_head), b,
+          (first + (step + 1) % per_head) * kMmaRows, dims);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -406,18 +437,21 @@ __global__ void __launch_bounds__(kMmaThreads)
     const bf16* do_tile = do_tiles + buffer * kTileElements;
     const float* lse_row = stats + buffer * 2 * kMmaRows;
     const float* d_row = lse_row + kMmaRows;
+    const int32_t* start_row = starts + buffer * kMmaRows;
     const int64_t q0 = (first + step % per_head) * kMmaRows;
 
     float s[kScoreTiles][4] = {}, dp[kScoreTiles][4] = {};  // Sᵀ and dPᵀ: key rows, query columns
     warp_tile_abt<kDim>(s, k_tile, warp * kWarpRows, q_tile, D);
     warp_tile_abt<kDim>(dp, v_tile, warp * kWarpRows, do_tile, D);
     // Padding query rows (query ≥ T) would add to every key's dK, dV: masked too.
-    const bool all_visible = tiles_fully_visible(q0, warp_k0 + kWarpRows - 1) && q0 + kMmaRows <= T;
+    const bool all_visible =
+        q0 + kMmaRows <= T &&
+        tiles_fully_visible(q0, start_row[kMmaRows - 1], warp_k0, warp_k0 + kWarpRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
         const int column = fragment_column(lane, n, i);
         const int64_t key = warp_k0 + fragment_row(lane, i), query = q0 + column;
-        const float p = all_visible || (key_visible(query, key) && query < T)
+        const float p = all_visible || key_visible(query, start_row[column], key, T)
                             ? exp2f(s[n][i] * scale_log2 - lse_row[column])
                             : 0.0f;
         s[n][i] = p;
@@ -448,10 +482,11 @@ inline LaunchShape attention_dq_mma_launch(const AttentionDims& dims, int64_t ba
           6 * mma_tile_bytes(kernel_dim(dims.dim))};
 }
 
-// Grid (key tiles, kv heads, batch); shared memory K, V + 2·(Q, dO, lse, D).
+// Grid (key tiles, kv heads, batch); shared memory K, V + 2·(Q, dO, lse, D, document starts).
 inline LaunchShape attention_dkv_mma_launch(const AttentionDims& dims, int64_t batch) {
   return {dim3(query_tiles(dims), unsigned(dims.kv_heads), unsigned(batch)), unsigned(kMmaThreads),
-          6 * mma_tile_bytes(kernel_dim(dims.dim)) + 2 * 2 * kMmaRows * sizeof(float)};
+          6 * mma_tile_bytes(kernel_dim(dims.dim)) + 2 * 2 * kMmaRows * sizeof(float) +
+              2 * kMmaRows * sizeof(int32_t)};
 }
 
 }  // namespace ulysses::cuda_attention

@@ -97,10 +97,12 @@ class CudaBackend final : public Backend {
   void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
 
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                              const Tensor& k, const Tensor& v) override;
+                              const Tensor& k, const Tensor& v,
+                              const Documents& documents) override;
   void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse) override;
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Documents& documents) override;
 
   LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                int64_t tile_rows, float grad_scale, const Tensor& dhidden,

@@ -130,6 +130,38 @@ def tensors_to_params(tensors, cfg, source):
     return params
 
 
+def validate_document_starts(batch, shape, source):
+    """Optional "document_starts": [[0, s1, ...], ...] per sequence (packed documents,
+    docs/parallelism.md "Packed documents") -> document index of every token, int64 [B, T];
+    None without documents."""
+    if "document_starts" not in batch:
+        return None
+    starts = batch["document_starts"]
+    B, T = shape
+    if (not isinstance(starts, list) or len(starts) != B
+            or not all(isinstance(r, list) and r and r[0] == 0 for r in starts)
+            or not all(isinstance(s, int) and 0 <= s < T for r in starts for s in r)
+            or not all(a < b for r in starts for a, b in zip(r, r[1:]))):
+        raise ReferenceError(f"{source}: document_starts must hold one ascending list per "
+                             f"sequence, starting at 0, of positions below {T}")
+    documents = torch.zeros(B, T, dtype=torch.int64)
+    for b, row in enumerate(starts):
+        for s in row[1:]:
+            documents[b, s:] += 1
+    return documents
+
+
+def document_positions(documents):
+    """Each token's position inside its document, int64 [B, T]."""
+    B, T = documents.shape
+    positions = torch.zeros(B, T, dtype=torch.int64)
+    for b in range(B):
+        for t in range(1, T):
+            same = documents[b, t] == documents[b, t - 1]
+            positions[b, t] = positions[b, t - 1] + 1 if same else 0
+    return positions
+
+
 def validate_batch(batch, cfg, source="batch"):
     """{"inputs": [[...]], "targets": [[...]]} -> (inputs, targets) as int64 [B, T]."""
     if not isinstance(batch, dict) or "inputs" not in batch or "targets" not in batch:
@@ -183,6 +215,14 @@ def silu(x):
     return x * torch.sigmoid(x)
 
 
+def rope_cos_sin_at(positions, head_dim, theta):
+    """cos, sin [B, 1, T, head_dim] for positions [B, T] (restarting per document)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    freqs = positions.to(torch.float64).unsqueeze(-1) * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
+    return angles.cos(), angles.sin()
+
+
 def rope_cos_sin(T, head_dim, theta):
     """cos, sin [T, head_dim] for positions 0..T-1, Hugging Face layout cat(freqs, freqs)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -201,14 +241,19 @@ def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
-def causal_attention(q, k, v):
-    """q [B, H, T, d], k and v [B, Hkv, T, d]; q head h reads kv head h // (H / Hkv)."""
+def causal_attention(q, k, v, documents=None):
+    """q [B, H, T, d], k and v [B, Hkv, T, d]; q head h reads kv head h // (H / Hkv).
+    With documents [B, T] (document index of each token) the mask is block-diagonal causal:
+    a query sees only the keys of its own document up to itself."""
     H, T, d = q.shape[1], q.shape[2], q.shape[3]
     group = H // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)
     future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+    if documents is not None:
+        other = documents.unsqueeze(-1) != documents.unsqueeze(-2)  # [B, T, T]
+        future = (future | other).unsqueeze(1)
     scores = scores.masked_fill(future, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
@@ -229,10 +274,14 @@ def layer_params(params, prefix):
     return {name[len(prefix):]: t for name, t in params.items() if name.startswith(prefix)}
 
 
-def llama_logits(params, cfg, inputs, tied=False):
+def llama_logits(params, cfg, inputs, tied=False, documents=None):
     T = inputs.shape[1]
     H, Hkv, eps = cfg["n_heads"], cfg["n_kv_heads"], cfg["norm_eps"]
-    cos, sin = rope_cos_sin(T, cfg["d_model"] // H, cfg["rope_theta"])
+    if documents is None:
+        cos, sin = rope_cos_sin(T, cfg["d_model"] // H, cfg["rope_theta"])
+    else:
+        cos, sin = rope_cos_sin_at(document_positions(documents), cfg["d_model"] // H,
+                                   cfg["rope_theta"])
     x = params["model.embed_tokens.weight"][inputs]
     for i in range(cfg["n_layers"]):
         w = layer_params(params, f"model.layers.{i}.")
@@ -240,7 +289,8 @@ def llama_logits(params, cfg, inputs, tied=False):
         q = apply_rope(split_heads(h @ w["self_attn.q_proj.weight"].T, H), cos, sin)
         k = apply_rope(split_heads(h @ w["self_attn.k_proj.weight"].T, Hkv), cos, sin)
         v = split_heads(h @ w["self_attn.v_proj.weight"].T, Hkv)
-        x = x + merge_heads(causal_attention(q, k, v)) @ w["self_attn.o_proj.weight"].T
+        y = causal_attention(q, k, v, documents)
+        x = x + merge_heads(y) @ w["self_attn.o_proj.weight"].T
         h = rms_norm(x, w["post_attention_layernorm.weight"], eps)
         gated = silu(h @ w["mlp.gate_proj.weight"].T) * (h @ w["mlp.up_proj.weight"].T)
         x = x + gated @ w["mlp.down_proj.weight"].T
@@ -249,16 +299,19 @@ def llama_logits(params, cfg, inputs, tied=False):
     return x @ head.T
 
 
-def gpt2_logits(params, cfg, inputs):
+def gpt2_logits(params, cfg, inputs, documents=None):
     T = inputs.shape[1]
     C, H, eps = cfg["d_model"], cfg["n_heads"], cfg["norm_eps"]
     wte = params["transformer.wte.weight"]
-    x = wte[inputs] + params["transformer.wpe.weight"][:T]
+    if documents is None:
+        x = wte[inputs] + params["transformer.wpe.weight"][:T]
+    else:
+        x = wte[inputs] + params["transformer.wpe.weight"][document_positions(documents)]
     for i in range(cfg["n_layers"]):
         w = layer_params(params, f"transformer.h.{i}.")
         h = layer_norm(x, w["ln_1.weight"], w["ln_1.bias"], eps)
         q, k, v = (h @ w["attn.c_attn.weight"].T + w["attn.c_attn.bias"]).split(C, dim=-1)
-        y = causal_attention(split_heads(q, H), split_heads(k, H), split_heads(v, H))
+        y = causal_attention(split_heads(q, H), split_heads(k, H), split_heads(v, H), documents)
         x = x + merge_heads(y) @ w["attn.c_proj.weight"].T + w["attn.c_proj.bias"]
         h = layer_norm(x, w["ln_2.weight"], w["ln_2.bias"], eps)
         h = gelu_tanh(h @ w["mlp.c_fc.weight"].T + w["mlp.c_fc.bias"])
@@ -267,20 +320,20 @@ def gpt2_logits(params, cfg, inputs):
     return x @ wte.T
 
 
-def model_loss(params, cfg, inputs, targets, tied=False):
+def model_loss(params, cfg, inputs, targets, tied=False, documents=None):
     """Mean cross-entropy over the counted targets (target -1 is not counted)."""
     if cfg["family"] == "llama":
-        logits = llama_logits(params, cfg, inputs, tied)
+        logits = llama_logits(params, cfg, inputs, tied, documents)
     else:
-        logits = gpt2_logits(params, cfg, inputs)
+        logits = gpt2_logits(params, cfg, inputs, documents)
     return torch.nn.functional.cross_entropy(
         logits.reshape(-1, cfg["vocab_size"]), targets.reshape(-1), ignore_index=-1)
 
 
-def loss_and_gradients(params, cfg, inputs, targets):
+def loss_and_gradients(params, cfg, inputs, targets, documents=None):
     """(float loss, {name: float64 gradient}) via autograd."""
     leaves = {name: t.detach().clone().requires_grad_(True) for name, t in params.items()}
-    loss = model_loss(leaves, cfg, inputs, targets)
+    loss = model_loss(leaves, cfg, inputs, targets, documents=documents)
     loss.backward()
     return loss.item(), {name: t.grad.detach() for name, t in leaves.items()}
 
@@ -306,9 +359,11 @@ def run_reference(directory):
     cfg = validate_config(read_json(config_path), config_path)
     tensors, _ = safetensors_io.read_file(weights_path)
     params = tensors_to_params(tensors, cfg, weights_path)
-    inputs, targets = validate_batch(read_json(batch_path), cfg, batch_path)
+    batch = read_json(batch_path)
+    inputs, targets = validate_batch(batch, cfg, batch_path)
+    documents = validate_document_starts(batch, tuple(inputs.shape), batch_path)
 
-    loss, grads = loss_and_gradients(params, cfg, inputs, targets)
+    loss, grads = loss_and_gradients(params, cfg, inputs, targets, documents)
     output = [(name, "F32", shape, flat_values(grads[name]))
               for name, shape in parameter_shapes(cfg)]
     metadata = {"loss": repr(loss), "counted_targets": str(int((targets >= 0).sum()))}
