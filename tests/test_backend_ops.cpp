@@ -26,7 +26,8 @@
 //   cuda_attention_mma.cuh        warp_tile_pb with P's A registers 1 and 2 swapped: Attention
 //   cuda_attention_mma.cuh        fragment_row 8·(i % 2) instead of 8·(i / 2): Attention
 //   cuda_attention_mma.cuh        the forward without cp_async_wait: Attention
-//   cuda_attention_mask.cuh       the diagonal tile left unmasked: Attention
+//   cuda_attention_mask.cuh       tiles_fully_visible with k_first <= q_first (the diagonal
+//                                 tile left unmasked): Attention
 //   cuda_attention_mask.cuh       key_visible without key >= query_start: Attention
 //   cuda_attention_mask.cuh       document_end one short (the next start − 1): Attention
 #include <gtest/gtest.h>

@@ -6,10 +6,26 @@
 // code's indexing, fragment layouts, pipeline, tile edges, barriers and warp shuffles on every
 // machine; the GPU tests (tests/test_cuda_ops.cpp) check it on the device itself.
 //
-// Mutation checks: each change below was made by hand in the kernel header, this test run, and
-// the change reverted; every one failed the tests named (TensorCores = the
-// MatchesCausalAttentionInDouble cases of Shapes/TensorCores, Fma = of Shapes/Fma).
-//   (filled below)
+// Mutation checks: each change below was made in the kernel header, this test run, and the
+// change reverted; every one failed the tests named (TensorCores = the
+// MatchesCausalAttentionInDouble cases of TensorCores/, Fma = of Fma/, "documents" = the cases
+// with packed documents; Interface = EitherForwardFeedsEitherBackward).
+//   cuda_attention_mma.cuh   a wrong fragment index: fragment_row with 8·(i % 2) instead of
+//                            8·(i / 2): every TensorCores case, Interface and
+//                            LdmatrixAndMmaComputeAMatrixProduct
+//   cuda_attention_mma.cuh   warp_tile_pb with P's A registers 1 and 2 swapped: every
+//                            TensorCores case but T1 (one key: the swapped halves are zero),
+//                            Interface
+//   cuda_attention_mma.cuh   the forward without its cp_async_wait<1> (a missing
+//                            cp.async.wait_group): every TensorCores case, Interface
+//   cuda_attention_mask.cuh  an unmasked causal tile: tiles_fully_visible taking k_first <=
+//                            q_first for k_last <= q_first (the diagonal tile counted wholly
+//                            visible): every TensorCores case, Interface
+//   cuda_attention_mask.cuh  key_visible without key >= query_start: the three documents cases
+//                            (both kinds)
+//   cuda_attention_mask.cuh  document_end one short (the next start − 1): TensorCores
+//                            B2_T130_Hq1_Hkv1_d64_documents (a document ending one row into
+//                            the next tile)
 #include <gtest/gtest.h>
 
 #include <cmath>
