@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/file_util.h"
+#include "data/input_file.h"
 
 namespace ulysses {
 
@@ -384,10 +385,9 @@ std::string checkpoint_in(const std::string& path) {
 }
 
 std::string why_no_checkpoint_in(const std::string& path) {
-  std::error_code error;
-  if (!fs::exists(path, error)) return "'" + path + "' does not exist";
-  if (!fs::is_directory(path, error))
-    return "'" + path + "' is a file; give a checkpoint step folder or a checkpoint dir";
+  // A symlink loop, a FIFO or a missing path each named as what it is (data/input_file.h).
+  if (const std::string problem = input_folder_problem(path); !problem.empty())
+    return problem + "; give a checkpoint step folder or a checkpoint dir";
   const auto folders = checkpoint_step_folders(path);
   if (folders.empty())
     return "'" + path + "' is not a checkpoint: it has no " + kCheckpointManifestFile +

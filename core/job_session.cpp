@@ -70,15 +70,20 @@ DeviceCommChoice agree_device_comm(Comm& world, DeviceComm setting) {
 }
 
 // kernels.attention: auto is resolved once for the job, from the oldest cuDNN any rank
-// loads, so that every rank runs the same attention; one log line says which and why.
+// loads, so that every rank runs the same attention; one log line says which and why, and
+// for native on cuda another which kernels (tensor cores or FMA) the head dim runs.
 void resolve_attention(Comm& world, Config& config) {
   double negated_version = -double(cudnn_loaded_version());
+  const int head_dim = int(config.model.d_model / config.model.n_heads);
   world.all_reduce_host(&negated_version, 1, ReduceOp::max);
-  const AttentionChoice choice = choose_attention(
-      config.kernels.attention, config.device, config.model.d_model / config.model.n_heads,
-      int64_t(-negated_version), attention_has_documents(config));
+  const AttentionChoice choice =
+      choose_attention(config.kernels.attention, config.device, head_dim, int64_t(-negated_version),
+                       attention_has_documents(config));
   if (config.kernels.attention == AttentionKernel::automatic && world.rank() == 0)
     spdlog::info("attention: {} ({})", name_of(choice.kernel), choice.reason);
+  if (config.device == BackendKind::cuda && choice.kernel == AttentionKernel::native &&
+      world.rank() == 0)
+    spdlog::info("attention: native kernels on {}", native_attention_kernels(head_dim));
   config.kernels.attention = choice.kernel;
 }
 

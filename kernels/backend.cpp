@@ -298,6 +298,14 @@ AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, in
           prefix + "cuDNN " + version + " fits head dim " + std::to_string(head_dim)};
 }
 
+std::string native_attention_kernels(int head_dim) {
+  if (head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 128)
+    return "tensor cores (mma.sync m16n8k16, FlashAttention-2 tiling) for head dim " +
+           std::to_string(head_dim);
+  return "FMA units for head dim " + std::to_string(head_dim) +
+         " (the tensor-core kernels need a multiple of 8, at most 128)";
+}
+
 int cuda_devices_visible() {
 #ifdef ULYSSES_WITH_CUDA
   return cuda_device_count();

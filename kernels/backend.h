@@ -46,6 +46,11 @@ inline constexpr int64_t kCudnnAttentionMinimumVersion = 91600;
 AttentionChoice choose_attention(AttentionKernel setting, BackendKind device, int head_dim,
                                  int64_t cudnn_version, bool documents = false);
 
+// Which of the cuda backend's native attention kernels a head dim runs, for the log: the
+// tensor-core ones (head dims that are multiples of 8 up to 128, 16-byte aligned tensors) or
+// the FMA ones (docs/cuda.md, "Attention").
+std::string native_attention_kernels(int head_dim);
+
 struct LossResult {
   double loss_sum = 0.0;  // sum of -log p(target) over counted tokens
   int64_t count = 0;      // tokens whose target is >= 0

@@ -3,7 +3,10 @@
 #   1. the op table's GPU column first (tests/test_backend_ops.cpp), then the GPU tests (a skip
 #      counts as a failure), including two ranks sharing the GPU through MPI staged via the
 #      host (sp = 2);
-#   2. one table for a Llama-1B-shaped model at 8K and 32K tokens: cuDNN attention, the native
+#   2. the attention kernels alone (apps/ulysses_bench_attention.cpp): the native tensor-core
+#      kernels against cuDNN's, forward and backward device-timed apart, head dims 64 and 128
+#      at 8K and 32K tokens, with native's throughput as a share of cuDNN's;
+#   3. one table for a Llama-1B-shaped model at 8K and 32K tokens: cuDNN attention, the native
 #      kernels and layer checkpointing, each with tokens/s, step ms, model FLOP/s as a share of
 #      the H200's 989 TFLOP/s bf16 peak, the device's busy share, the peak tracked memory and
 #      the planner's prediction beside it; where `python3 -c 'import torch'` works, the
@@ -22,7 +25,7 @@ while [ $# -gt 0 ]; do
     --build-dir) BUILD=${2:?gpu-check: --build-dir needs a folder}; shift 2 ;;
     --skip-tests) RUN_TESTS=0; shift ;;
     --skip-torch) RUN_TORCH=0; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,14 +43,14 @@ if [ -z "$BUILD" ]; then
   echo "== build (Release, CUDA on) into $BUILD"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DULYSSES_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
     { cat "$BUILD.configure.log"; exit 1; }
-  targets=(ulysses-train)
+  targets=(ulysses-train ulysses-bench-attention)
   for binary in "${TEST_BINARIES[@]}"; do targets+=("$(basename "$binary")"); done
   cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}" >"$BUILD.build.log" 2>&1 ||
     { tail -50 "$BUILD.build.log"; exit 1; }
 else
   echo "== prebuilt: $BUILD"
 fi
-for binary in apps/ulysses-train "${TEST_BINARIES[@]}"; do
+for binary in apps/ulysses-train apps/ulysses-bench-attention "${TEST_BINARIES[@]}"; do
   [ -x "$BUILD/$binary" ] || { echo "gpu-check: $BUILD/$binary is not built" >&2; exit 1; }
 done
 LOGS=$(mktemp -d)
@@ -78,6 +81,12 @@ if ((RUN_TESTS)); then
   [ -x "$BUILD/tests/test_cudnn_graphs" ] && check test_cudnn_graphs "$BUILD/tests/test_cudnn_graphs"
   check "staged_comm_test (2 ranks, one GPU)" mpirun -np 2 "$BUILD/tests/mpi/staged_comm_test"
   check "staged_training_test (2 ranks, one GPU)" mpirun -np 2 "$BUILD/tests/mpi/staged_training_test"
+fi
+
+echo "== attention kernels: native (tensor cores) against cuDNN, device time"
+# A failure here (a kernel that does not launch, cuDNN refusing a shape) fails the check.
+if ! timeout 240 "$BUILD/apps/ulysses-bench-attention" 8192,32768 64,128; then
+  FAILED+=("ulysses-bench-attention")
 fi
 
 echo "== Llama-1B shape: 16 layers, d 2048, 32 heads, 8 kv heads, d_ff 8192, vocab 32000"

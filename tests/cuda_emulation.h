@@ -13,7 +13,10 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -54,6 +57,10 @@ struct Block {
   std::unique_ptr<std::barrier<>> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<float> lanes;  // one shuffle slot per thread
+  // The warp exchanges of mma_m16n8k16 (a and b registers, 6 per thread) and ldmatrix (a row
+  // address per thread), in two sets used in turn (see exchange_set).
+  std::vector<uint32_t> fragments;
+  std::vector<const bf16*> matrix_rows;
 };
 inline Block* block = nullptr;
 
@@ -142,6 +149,162 @@ class BlockReduce {
 
 }  // namespace cub
 
+// The host twins of kernels/cuda/cuda_mma.cuh: the tensor-core mma, ldmatrix and cp.async,
+// with the PTX ISA's fragment layouts (docs/cuda.md, "Fragment layouts"), so that a kernel that
+// puts a value in the wrong register or lane computes a wrong product here as on the GPU.
+namespace ulysses::cuda {
+
+namespace emulation {
+
+// A kernel bug (a misaligned or out-of-block shared address) ends the test run, naming it.
+inline void fail(const char* what) {
+  std::fprintf(stderr, "cuda emulation: %s (thread %u of block %u,%u,%u)\n", what, threadIdx.x,
+               blockIdx.x, blockIdx.y, blockIdx.z);
+  std::abort();
+}
+
+inline void check_shared(const void* address, size_t bytes, size_t alignment, const char* op) {
+  const unsigned char* begin = block->shared.data();
+  const auto* p = static_cast<const unsigned char*>(address);
+  if (p < begin || p + bytes > begin + block->shared.size()) fail(op);
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) fail(op);
+}
+
+inline uint16_t low_half(uint32_t word) {
+  return uint16_t(word & 0xffffu);
+}
+inline uint16_t high_half(uint32_t word) {
+  return uint16_t(word >> 16);
+}
+inline uint32_t pack_bits(uint16_t lo, uint16_t hi) {
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
+// cp.async's state per thread: the copies issued since the last commit, and the committed
+// groups in order. A copy lands in shared memory only when cp_async_wait retires its group: a
+// kernel that reads a tile without waiting for it reads what was there before (NaN bytes, or
+// the previous tile of a double buffer).
+struct AsyncCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
+};
+struct AsyncCopies {
+  std::vector<AsyncCopy> open;
+  std::deque<std::vector<AsyncCopy>> committed;
+};
+inline thread_local AsyncCopies async_copies;
+
+// Every lane of a warp makes the same sequence of mma and ldmatrix exchanges. Exchange n
+// writes set n % 2 and waits once for the warp; a lane can then write exchange n + 1 (the
+// other set) while the others still read set n % 2, and set n % 2 is written again only after
+// the barrier of exchange n + 1, which every lane reaches after reading exchange n. One
+// barrier per exchange, not two.
+inline thread_local unsigned exchanges = 0;
+inline unsigned exchange_set() {
+  return exchanges++ % 2;
+}
+
+}  // namespace emulation
+
+inline uint32_t pack_bf16(float lo, float hi) {
+  return emulation::pack_bits(float_to_bf16(lo), float_to_bf16(hi));
+}
+
+// d[16×8] += a[16×16]·b[16×8] for the warp. Lane l (group g = l / 4, t = l % 4) holds
+//   a: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, +9], a[3] = A[g+8][2t+8,
+//   +9] b: b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g] d: d[0], d[1] = D[g][2t, 2t+1], d[2],
+//   d[3] = D[g+8][2t, 2t+1]
+// The products of bf16 are exact in fp32; the sum runs in k order, then adds d.
+inline void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  emulation::Block& block = *emulation::block;
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint32_t* set = &block.fragments[size_t(emulation::exchange_set()) * blockDim.x * 6];
+  uint32_t* mine = set + size_t(threadIdx.x) * 6;
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b[0];
+  mine[5] = b[1];
+  block.warps[warp]->arrive_and_wait();
+  const uint32_t* warp_fragments = set + size_t(warp) * 32 * 6;
+  auto half_of = [](uint32_t word, int k) {
+    return bf16_to_float(k % 2 == 0 ? emulation::low_half(word) : emulation::high_half(word));
+  };
+  auto a_at = [&](int row, int k) {
+    const int holder = (row % 8) * 4 + (k % 8) / 2, reg = row / 8 + 2 * (k / 8);
+    return half_of(warp_fragments[holder * 6 + reg], k);
+  };
+  auto b_at = [&](int k, int column) {
+    const int holder = column * 4 + (k % 8) / 2, reg = 4 + k / 8;
+    return half_of(warp_fragments[holder * 6 + reg], k);
+  };
+  for (int i = 0; i < 4; ++i) {
+    const int row = int(lane / 4) + 8 * (i / 2), column = 2 * int(lane % 4) + i % 2;
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) sum += a_at(row, k) * b_at(k, column);
+    d[i] += sum;
+  }
+}
+
+namespace emulation {
+
+// ldmatrix .x4: lanes 8i..8i+7 give matrix i's row addresses (16-byte aligned, in shared
+// memory); r[i] = row lane / 4, columns 2·(lane % 4), +1; transposed, rows 2·(lane % 4), +1 of
+// column lane / 4.
+inline void ldmatrix(uint32_t r[4], const bf16* row, bool transposed) {
+  check_shared(row, 16, 16, "ldmatrix row address outside shared memory or not 16-byte aligned");
+  Block& b = *block;
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bf16** set = &b.matrix_rows[size_t(exchange_set()) * blockDim.x];
+  set[threadIdx.x] = row;
+  b.warps[warp]->arrive_and_wait();
+  const bf16* const* rows = set + size_t(warp) * 32;
+  for (unsigned i = 0; i < 4; ++i) {
+    if (!transposed) {
+      const bf16* source = rows[8 * i + lane / 4] + 2 * (lane % 4);
+      r[i] = pack_bits(source[0].bits, source[1].bits);
+    } else {
+      const unsigned first = 8 * i + 2 * (lane % 4);
+      r[i] = pack_bits(rows[first][lane / 4].bits, rows[first + 1][lane / 4].bits);
+    }
+  }
+}
+
+}  // namespace emulation
+
+inline void ldmatrix_x4(uint32_t r[4], const bf16* row) {
+  emulation::ldmatrix(r, row, false);
+}
+inline void ldmatrix_x4_trans(uint32_t r[4], const bf16* row) {
+  emulation::ldmatrix(r, row, true);
+}
+
+// The 16 bytes are read now (global memory does not change during a kernel) and written to
+// shared memory when a wait retires the group they are committed in.
+inline void cp_async_16(void* dst, const void* src, bool inside) {
+  emulation::check_shared(dst, 16, 16, "cp.async destination outside shared memory or unaligned");
+  if (inside && reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    emulation::fail("cp.async source not 16-byte aligned");
+  emulation::AsyncCopy copy{static_cast<unsigned char*>(dst), {}};
+  if (inside) std::memcpy(copy.bytes, src, 16);
+  emulation::async_copies.open.push_back(copy);
+}
+
+inline void cp_async_commit() {
+  emulation::async_copies.committed.push_back(std::move(emulation::async_copies.open));
+  emulation::async_copies.open.clear();
+}
+
+template <int kPending>
+void cp_async_wait() {
+  emulation::AsyncCopies& copies = emulation::async_copies;
+  while (copies.committed.size() > size_t(kPending)) {
+    for (const emulation::AsyncCopy& copy : copies.committed.front())
+      std::memcpy(copy.dst, copy.bytes, 16);
+    copies.committed.pop_front();
+  }
+}
+
+}  // namespace ulysses::cuda
+
 namespace ulysses::cuda::emulation {
 
 // Runs body as kernel<<<grid, threads, shared_bytes>>>: one std::thread per GPU thread for the
@@ -163,6 +326,8 @@ inline void launch(dim3 grid, unsigned threads, size_t shared_bytes,
     for (unsigned w = 0; w < (threads + 31) / 32; ++w)
       current.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
     current.lanes.assign(threads, 0.0f);
+    current.fragments.assign(size_t(threads) * 6 * 2, 0u);
+    current.matrix_rows.assign(size_t(threads) * 2, nullptr);
   };
   block = &current;
   std::vector<std::thread> workers;
@@ -173,6 +338,8 @@ inline void launch(dim3 grid, unsigned threads, size_t shared_bytes,
         if (t == 0) prepare();
         between_blocks.arrive_and_wait();
         blockIdx = dim3(index % grid.x, index / grid.x % grid.y, index / (grid.x * grid.y));
+        async_copies = AsyncCopies{};  // what a previous block left in flight is not this block's
+        exchanges = 0;
         body();
         current.warps[t / 32]->arrive_and_drop();
         current.all->arrive_and_drop();

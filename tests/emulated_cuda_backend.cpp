@@ -24,6 +24,7 @@
 // After the emulation, which provides the device environment.
 #include "kernels/cuda/cuda_activations_kernels.cuh"
 #include "kernels/cuda/cuda_attention_kernels.cuh"
+#include "kernels/cuda/cuda_attention_mma.cuh"
 #include "kernels/cuda/cuda_column_sums.cuh"
 #include "kernels/cuda/cuda_elementwise_kernels.cuh"
 #include "kernels/cuda/cuda_loss_kernels.cuh"
@@ -461,6 +462,8 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
+  // The kernels and launch shapes kernels/cuda/cuda_attention.cu chooses: tensor cores where
+  // mma_attention_fits, else the FMA kernels.
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                               const Tensor& k, const Tensor& v,
                               const Documents& documents) override {
@@ -469,17 +472,20 @@ class EmulatedCudaBackend final : public Backend {
     const AttentionDims dims = attention_dims(q, k);
     const std::vector<int32_t> words = document_mask_words(documents);
     const DocumentMask mask = document_mask_at(words.empty() ? nullptr : words.data());
-    const cuda::LaunchShape shape = attention_forward_launch(dims, q.shape[0]);
+    const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, q.data);
+    const cuda::LaunchShape shape = tensor_cores ? attention_forward_mma_launch(dims, q.shape[0])
+                                                 : attention_forward_launch(dims, q.shape[0]);
     auto run = [&](auto kernel) {
       launch(shape, [&] {
         kernel(data_of<bf16>(out), lse.f32(), data_of<const bf16>(q), data_of<const bf16>(k),
                data_of<const bf16>(v), dims, mask);
       });
     };
-    if (kernel_dim(dims.dim) == 64)
-      run(attention_forward_kernel<64>);
+    const bool narrow = kernel_dim(dims.dim) == 64;
+    if (tensor_cores)
+      run(narrow ? attention_forward_mma_kernel<64> : attention_forward_mma_kernel<128>);
     else
-      run(attention_forward_kernel<128>);
+      run(narrow ? attention_forward_kernel<64> : attention_forward_kernel<128>);
   }
 
   void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -498,19 +504,28 @@ class EmulatedCudaBackend final : public Backend {
       attention_row_dot_kernel(row_dot.f32(), data_of<const bf16>(dout), data_of<const bf16>(out),
                                dims, rows);
     });
+    const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, dout.data);
     auto run = [&](auto dq_kernel, auto dkv_kernel) {
-      launch(attention_dq_launch(dims, batch), [&] {
-        dq_kernel(data_of<bf16>(dq), data_of<const bf16>(dout), data_of<const bf16>(q),
-                  data_of<const bf16>(k), data_of<const bf16>(v), lse.f32(), row_dot.f32(), dims,
-                  mask);
-      });
-      launch(attention_dkv_launch(dims, batch), [&] {
-        dkv_kernel(data_of<bf16>(dk), data_of<bf16>(dv), data_of<const bf16>(dout),
-                   data_of<const bf16>(q), data_of<const bf16>(k), data_of<const bf16>(v),
-                   lse.f32(), row_dot.f32(), dims, mask);
-      });
+      launch(tensor_cores ? attention_dq_mma_launch(dims, batch) : attention_dq_launch(dims, batch),
+             [&] {
+               dq_kernel(data_of<bf16>(dq), data_of<const bf16>(dout), data_of<const bf16>(q),
+                         data_of<const bf16>(k), data_of<const bf16>(v), lse.f32(), row_dot.f32(),
+                         dims, mask);
+             });
+      launch(
+          tensor_cores ? attention_dkv_mma_launch(dims, batch) : attention_dkv_launch(dims, batch),
+          [&] {
+            dkv_kernel(data_of<bf16>(dk), data_of<bf16>(dv), data_of<const bf16>(dout),
+                       data_of<const bf16>(q), data_of<const bf16>(k), data_of<const bf16>(v),
+                       lse.f32(), row_dot.f32(), dims, mask);
+          });
     };
-    if (kernel_dim(dims.dim) == 64)
+    const bool narrow = kernel_dim(dims.dim) == 64;
+    if (tensor_cores && narrow)
+      run(attention_dq_mma_kernel<64>, attention_dkv_mma_kernel<64>);
+    else if (tensor_cores)
+      run(attention_dq_mma_kernel<128>, attention_dkv_mma_kernel<128>);
+    else if (narrow)
       run(attention_dq_kernel<64>, attention_dkv_kernel<64>);
     else
       run(attention_dq_kernel<128>, attention_dkv_kernel<128>);

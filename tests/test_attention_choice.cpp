@@ -58,6 +58,20 @@ TEST(AttentionChoice, AutoTakesTheNativeKernelsForDocuments) {
             "document mask");
 }
 
+// The native kernels' log line names the tensor-core kernels where they take the head dim and
+// the FMA ones elsewhere (tests/test_cuda_attention_emulated.cpp checks that this is the
+// kernels' own rule).
+TEST(AttentionChoice, TheLogNamesWhichNativeKernelsRun) {
+  for (int head_dim : {8, 40, 64, 128})
+    EXPECT_NE(native_attention_kernels(head_dim).find("tensor cores"), std::string::npos)
+        << head_dim;
+  for (int head_dim : {2, 36, 136})
+    EXPECT_NE(native_attention_kernels(head_dim).find("FMA units for head dim " +
+                                                      std::to_string(head_dim)),
+              std::string::npos)
+        << head_dim;
+}
+
 TEST(AttentionChoice, AnExplicitSettingIsKept) {
   EXPECT_EQ(choose_attention(AttentionKernel::native, BackendKind::cuda, 64, kCudnn919).kernel,
             AttentionKernel::native);

@@ -22,8 +22,14 @@
 //   cuda_loss_kernels.cuh         loss_rows_kernel without the __syncthreads after the max:
 //                                 LmHeadLoss
 //   cuda_attention_kernels.cuh    attention_dkv_kernel query tiles from key_tile + 1: Attention
-//   cuda_document_mask.cuh        key_visible without key >= query_start: Attention
-//   cuda_document_mask.cuh        document_end one short (the next start − 1): Attention
+//                                 (seen with the FMA kernels, before the tensor-core ones)
+//   cuda_attention_mma.cuh        warp_tile_pb with P's A registers 1 and 2 swapped: Attention
+//   cuda_attention_mma.cuh        fragment_row 8·(i % 2) instead of 8·(i / 2): Attention
+//   cuda_attention_mma.cuh        the forward without cp_async_wait: Attention
+//   cuda_attention_mask.cuh       tiles_fully_visible with k_first <= q_first (the diagonal
+//                                 tile left unmasked): Attention
+//   cuda_attention_mask.cuh       key_visible without key >= query_start: Attention
+//   cuda_attention_mask.cuh       document_end one short (the next start − 1): Attention
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -596,14 +602,17 @@ TEST_P(BackendOps, Attention) {
   // Packed documents: starts inside tile 0 (a tile across a boundary), at the tile edge 64
   // (tiles before and after one), inside tile 1, and one whose query tile skips key tile 0;
   // a document that ends one row into the next tile (its keys in tile 0 are seen by tile 1),
-  // a one-token document at the end, and GQA.
+  // a one-token document at the end, and GQA. On the cuda columns head dims 16, 64 and 128
+  // run the tensor-core kernels, 12 the FMA ones (kernels/cuda/cuda_attention.cu).
   const std::vector<AttentionShape> shapes = {{1, 1, 1, 1, 16},
                                               {2, 17, 4, 2, 16},
                                               {1, 65, 3, 1, 64},
                                               {1, 33, 4, 1, 64},
                                               {1, 70, 2, 2, 128},
+                                              {1, 20, 2, 1, 12},
                                               {1, 150, 2, 1, 16, {{0, 40, 64, 100}}},
-                                              {2, 70, 4, 2, 64, {{0, 5, 65}, {0, 69}}}};
+                                              {2, 70, 4, 2, 64, {{0, 5, 65}, {0, 69}}},
+                                              {1, 90, 2, 1, 12, {{0, 30, 65}}}};
   const DType dtype = attention_dtype();
   // bf16 chains several roundings (P, dS) (docs/cuda.md).
   const double tolerance = dtype == DType::bf16 ? 3e-2 : 1e-4;

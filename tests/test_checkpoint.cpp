@@ -541,11 +541,22 @@ void expect_checkpoint_of_the_last_step(const TempDir& dir, const testing::Comma
   EXPECT_NE(result.output.find("stop requested"), std::string::npos) << result.output;
 }
 
+// Runs the trainer on config and, once it has logged a step (a fixed delay fails on a loaded
+// machine, where start-up alone can outlast it), sends it `signals` (e.g. "kill -TERM $pid").
+testing::CommandResult run_signalled_after_first_step(const TempDir& dir, const std::string& config,
+                                                      const std::string& signals) {
+  const std::string metrics = dir.file("m.jsonl");
+  return run_command("bash -c '" + kTrain + " --config " + config +
+                     " & pid=$!; for i in $(seq 1200); do [ -s " + metrics +
+                     " ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done; " + signals +
+                     "; wait $pid'");
+}
+
 TEST(CheckpointSignal, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
   TempDir dir;
   std::string config = write_signal_only_config(dir);
   expect_checkpoint_of_the_last_step(
-      dir, run_command("timeout --preserve-status -s TERM 1.5 " + kTrain + " --config " + config));
+      dir, run_signalled_after_first_step(dir, config, "kill -TERM $pid"));
 }
 
 // `timeout` sends its signal to the trainer and then to the process group; two copies a
@@ -554,8 +565,7 @@ TEST(CheckpointSignal, TwoCopiesOfOneSignalStillWriteTheCheckpoint) {
   TempDir dir;
   std::string config = write_signal_only_config(dir);
   expect_checkpoint_of_the_last_step(
-      dir, run_command("bash -c '" + kTrain + " --config " + config +
-                       " & pid=$!; sleep 1; kill -TERM $pid; kill -TERM $pid; wait $pid'"));
+      dir, run_signalled_after_first_step(dir, config, "kill -TERM $pid; kill -TERM $pid"));
 }
 
 TEST(CheckpointSignal, SecondSignalExitsAtOnceLeavingTheLastCheckpoint) {

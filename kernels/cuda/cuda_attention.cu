@@ -1,13 +1,16 @@
-// CudaBackend: native causal attention, flash-style. A block owns a tile of 64 rows; q, k, v
-// tiles sit in shared memory as bf16 (padded rows, so the four threads of a row and the eight
-// rows of a warp hit distinct banks); scores, the online softmax and all sums are fp32.
-// Thread layout: 256 threads, four per tile row; a thread owns 16 score columns
-// (quad + 4j) and a quarter of the head dims (quad + 4c) of its row's accumulators.
+// CudaBackend: native causal attention. Head dims that are multiples of 8 up to 128 (with
+// 16-byte aligned tensors, as the backend's own buffers are) run on tensor cores:
+// FlashAttention-2's partition with mma.sync m16n8k16, cp.async double buffering and the
+// backward recomputing P from the saved log-sum-exp (cuda_attention_mma.cuh). Other head dims
+// run the flash-style FMA kernels (cuda_attention_kernels.cuh): a block of 256 threads owns 64
+// rows, four threads per row, tiles in shared memory with padded rows. Both write the same
+// out and lse, so either forward feeds either backward (or cuDNN's), and both mask packed
+// documents by the one helper, cuda_attention_mask.cuh. docs/cuda.md, "Attention".
 //
-// Backward recomputes probabilities from the saved log-sum-exp in two kernels: dQ per query
-// tile, and dK/dV per key tile looping over the q heads of its GQA group and the query tiles
-// after it. Each output element is written by one thread in a fixed order, with no atomics:
-// results are bit-identical from run to run.
+// Backward, both kinds: D = rowsum(dO ∘ O), then dQ per query tile, and dK/dV per key tile
+// looping over the q heads of its GQA group and the query tiles after it. Each output element
+// is written by one thread in a fixed order, with no atomics: results are bit-identical from
+// run to run.
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_attention_kernels.cuh"
+#include "kernels/cuda/cuda_attention_mma.cuh"
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/op_contracts.h"
@@ -64,7 +68,7 @@ void refuse_cudnn_documents(const char* op) {
                               "not divide); use kernels.attention: native or auto");
 }
 
-// The document starts as one small i32 device buffer (cuda_document_mask.cuh); empty
+// The document starts as one small i32 device buffer (cuda_attention_mask.cuh); empty
 // without documents. Freed in stream order, so it outlives the kernels that read it.
 Buffer upload_documents(Backend& backend, const Documents& documents) {
   const std::vector<int32_t> words = document_mask_words(documents);
@@ -93,7 +97,9 @@ void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, c
   if (cudnn_attention_) return cudnn_attention_->forward(out, lse, q, k, v);
 #endif
   const Buffer document_words = upload_documents(*this, documents);
-  const LaunchShape shape = attention_forward_launch(dims, q.shape[0]);
+  const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, q.data);
+  const LaunchShape shape = tensor_cores ? attention_forward_mma_launch(dims, q.shape[0])
+                                         : attention_forward_launch(dims, q.shape[0]);
   auto launch = [&](auto kernel) {
     allow_shared_memory(kernel, shape.shared_bytes, op);
     kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
@@ -101,10 +107,11 @@ void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, c
         static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), dims,
         mask_of(document_words));
   };
-  if (kernel_dim(dims.dim) == 64)
-    launch(attention_forward_kernel<64>);
+  const bool narrow = kernel_dim(dims.dim) == 64;
+  if (tensor_cores)
+    launch(narrow ? attention_forward_mma_kernel<64> : attention_forward_mma_kernel<128>);
   else
-    launch(attention_forward_kernel<128>);
+    launch(narrow ? attention_forward_kernel<64> : attention_forward_kernel<128>);
   check_launch(op);
 }
 
@@ -139,8 +146,11 @@ void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, co
   const auto* q_data = static_cast<const bf16*>(q.data);
   const auto* k_data = static_cast<const bf16*>(k.data);
   const auto* v_data = static_cast<const bf16*>(v.data);
-  const LaunchShape dq_shape = attention_dq_launch(dims, batch);
-  const LaunchShape dkv_shape = attention_dkv_launch(dims, batch);
+  const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, dout.data);
+  const LaunchShape dq_shape =
+      tensor_cores ? attention_dq_mma_launch(dims, batch) : attention_dq_launch(dims, batch);
+  const LaunchShape dkv_shape =
+      tensor_cores ? attention_dkv_mma_launch(dims, batch) : attention_dkv_launch(dims, batch);
   auto launch = [&](auto dq_kernel, auto dkv_kernel) {
     allow_shared_memory(dq_kernel, dq_shape.shared_bytes, op);
     dq_kernel<<<dq_shape.grid, dq_shape.threads, dq_shape.shared_bytes, stream_>>>(
@@ -153,7 +163,12 @@ void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, co
         lse.f32(), row_dot.f32(), dims, mask);
     check_launch(op);
   };
-  if (kernel_dim(dims.dim) == 64)
+  const bool narrow = kernel_dim(dims.dim) == 64;
+  if (tensor_cores && narrow)
+    launch(attention_dq_mma_kernel<64>, attention_dkv_mma_kernel<64>);
+  else if (tensor_cores)
+    launch(attention_dq_mma_kernel<128>, attention_dkv_mma_kernel<128>);
+  else if (narrow)
     launch(attention_dq_kernel<64>, attention_dkv_kernel<64>);
   else
     launch(attention_dq_kernel<128>, attention_dkv_kernel<128>);

@@ -1,6 +1,7 @@
-// The native attention kernels (see cuda_attention.cu for the design), apart from their
-// launches so that they can also run on the host: tests/test_cuda_attention_emulated.cpp
-// and tests/test_backend_ops.cpp execute them thread by thread. The device environment is
+// The native attention kernels on FMA units (see cuda_attention.cu for the design), for the
+// head dims and tensors the tensor-core kernels (cuda_attention_mma.cuh) do not take; apart from
+// their launches so that they can also run on the host: tests/test_cuda_attention_emulated.cpp and
+// tests/test_backend_ops.cpp execute them thread by thread. The device environment is
 // kernels/cuda/cuda_device.cuh (on the host, tests/cuda_emulation.h included first).
 #pragma once
 
@@ -8,8 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/cuda_attention_mask.cuh"
 #include "kernels/cuda/cuda_device.cuh"
-#include "kernels/cuda/cuda_document_mask.cuh"
 
 namespace ulysses::cuda_attention {
 
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float row_max = -INFINITY, row_sum = 0.0f;
   const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
 
-  for (int64_t key_tile = document_start(documents, b, q0) / kTile; key_tile <= tile; ++key_tile) {
+  for (int64_t key_tile = first_key_tile(documents, b, q0, kTile); key_tile <= tile; ++key_tile) {
     const int64_t k0 = key_tile * kTile;
     __syncthreads();  // the previous tile's k, v and probabilities are no longer read
     load_tile<kDim>(k_tile, k_head, k0, T, kv_row_stride, D);
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
 
   const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
-  for (int64_t key_tile = document_start(documents, b, q0) / kTile; key_tile <= tile; ++key_tile) {
+  for (int64_t key_tile = first_key_tile(documents, b, q0, kTile); key_tile <= tile; ++key_tile) {
     const int64_t k0 = key_tile * kTile;
     __syncthreads();
     load_tile<kDim>(k_tile, k_head, k0, T, kv_row_stride, D);
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
 
   // Query tiles that start after the document of the tile's last key see none of its keys.
   const int64_t last_key = (k0 + kTile < T ? k0 + kTile : T) - 1;
-  const int64_t end_tile = (document_end(documents, b, last_key, T) + kTile - 1) / kTile;
+  const int64_t end_tile = end_query_tile(documents, b, last_key, T, kTile);
   for (int h = kv_h * group; h < (kv_h + 1) * group; ++h) {
     const int64_t q_offset = (b * T * dims.q_heads + h) * D;
     for (int64_t tile = key_tile; tile < end_tile && tile < tiles; ++tile) {

@@ -361,9 +361,11 @@ TEST_F(MpiTest, TwoByTwoMeshOnFourRanks) {
 }
 
 // The progress thread polls MPI while an operation is in flight and the caller is busy
-// elsewhere, stops when nothing is in flight, and changes no result.
+// elsewhere, stops when nothing is in flight, and changes no result. Deadlines, not fixed
+// sleeps: four ranks with a thread each on two loaded cores may wait long for a time slice.
 TEST_F(MpiTest, ProgressThreadPollsWhileAnOperationIsInFlightAndOnlyThen) {
   if (!mpi_thread_multiple()) GTEST_SKIP() << "this MPI library did not grant THREAD_MULTIPLE";
+  using std::chrono::milliseconds;
   std::unique_ptr<Comm> owned = world().split(0, world().rank(), "progress");
   auto* comm = dynamic_cast<MpiComm*>(owned.get());
   ASSERT_NE(comm, nullptr);
@@ -373,16 +375,22 @@ TEST_F(MpiTest, ProgressThreadPollsWhileAnOperationIsInFlightAndOnlyThen) {
   const int64_t before = progress.polls();
   CommHandle sum = comm->all_reduce_async(
       Tensor(values.data(), DType::f32, {int64_t(values.size())}), ReduceOp::sum);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // "compute"
+  // "Compute": the caller makes no MPI call; the thread polls until the caller waits.
+  for (int waited_ms = 0; progress.polls() <= before + 10 && waited_ms < 10000; waited_ms += 5)
+    std::this_thread::sleep_for(milliseconds(5));
   EXPECT_GT(progress.polls(), before + 10) << "the thread did not poll while the sum travelled";
   sum->wait();
   const float expected = float(comm->size() * (comm->size() + 1) / 2);
   EXPECT_EQ(values.front(), expected);
   EXPECT_EQ(values.back(), expected);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const int64_t idle = progress.polls();
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_EQ(progress.polls(), idle) << "the thread kept polling with nothing in flight";
+  // Idle: some 30 ms window soon shows no poll at all (a thread that kept polling never would).
+  bool stopped = false;
+  for (int tries = 0; tries < 100 && !stopped; ++tries) {
+    const int64_t idle = progress.polls();
+    std::this_thread::sleep_for(milliseconds(30));
+    stopped = progress.polls() == idle;
+  }
+  EXPECT_TRUE(stopped) << "the thread kept polling with nothing in flight";
 }
 
 }  // namespace

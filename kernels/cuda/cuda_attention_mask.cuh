@@ -1,7 +1,10 @@
-// Packed documents in the native attention kernels (docs/parallelism.md, "Packed documents"):
-// a query sees the keys of its own document up to itself. One struct and three predicates, so
-// that every attention kernel masks and skips tiles the same way. The document starts of the
-// batch (kernels/documents.h) travel as one small i32 buffer in device memory.
+// Which keys a query sees, in one place for every native attention kernel (the FMA ones in
+// cuda_attention_kernels.cuh and the tensor-core ones in cuda_attention_mma.cuh): causal
+// attention, and with packed documents (docs/parallelism.md, "Packed documents") only the keys
+// of the query's own document. The element mask, and the tile ranges and whole-tile test that
+// let a kernel skip tiles or leave the element mask out; a mask that hides more keys changes
+// these functions and nothing else. The document starts of the batch (kernels/documents.h)
+// travel as one small i32 buffer in device memory.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +46,41 @@ __device__ __forceinline__ int64_t document_end(const DocumentMask& mask, int64_
 }
 
 // Whether query (whose document starts at query_start) sees key, both inside the sequence.
+// Rows at or past seq_len are a tile's padding and see nothing.
 __device__ __forceinline__ bool key_visible(int64_t query, int64_t query_start, int64_t key,
                                             int64_t seq_len) {
   return key <= query && key >= query_start && key < seq_len && query < seq_len;
+}
+
+// Whether every query in [q_first, q_last] sees every key in [k_first, k_last], all inside the
+// sequence, q_last's document starting at q_last_start: the keys are at or before the first
+// query and inside the last query's document (which then holds every query's document start
+// at or before k_first). A kernel leaves the element mask out for such a pair of tiles.
+__device__ __forceinline__ bool tiles_fully_visible(int64_t q_first, int64_t q_last_start,
+                                                    int64_t k_first, int64_t k_last) {
+  return k_last <= q_first && q_last_start <= k_first;
+}
+
+// Key tiles [first_key_tile, end_key_tile) of tile_keys keys hold every key visible from the
+// queries [q_first, q_last] of sequence b: the tiles wholly in earlier documents and those
+// above the diagonal are skipped.
+__device__ __forceinline__ int64_t first_key_tile(const DocumentMask& mask, int64_t b,
+                                                  int64_t q_first, int tile_keys) {
+  return document_start(mask, b, q_first) / tile_keys;
+}
+__device__ __forceinline__ int64_t end_key_tile(int64_t q_last, int tile_keys) {
+  return q_last / tile_keys + 1;
+}
+
+// Query tiles [first_query_tile, end_query_tile) of tile_rows rows hold every query that sees
+// a key in [k_first, k_last] (k_last < seq_len): the backward's dK, dV skip the tiles before
+// the diagonal and those wholly in later documents.
+__device__ __forceinline__ int64_t first_query_tile(int64_t k_first, int tile_rows) {
+  return k_first / tile_rows;
+}
+__device__ __forceinline__ int64_t end_query_tile(const DocumentMask& mask, int64_t b,
+                                                  int64_t k_last, int64_t seq_len, int tile_rows) {
+  return (document_end(mask, b, k_last, seq_len) + tile_rows - 1) / tile_rows;
 }
 
 // The host side: documents as one i32 array, the B + 1 offsets `first` and then every start;
