@@ -206,6 +206,12 @@ const std::vector<Field>& fields() {
       {ULYSSES_KEY(data.documents_per_sequence), at_least(1), "",
        "synthetic with `documents: eos`: passkey documents per sequence, each with its own "
        "keys and queries"},
+      {ULYSSES_KEY(data.ask_previous_document),
+       {},
+       "",
+       "synthetic with `documents: eos`: every document after the first asks the previous "
+       "document's questions, whose answers it does not hold: a leakage probe (answered no "
+       "better than chance when documents are masked)"},
       {ULYSSES_KEY(data.n_pairs), at_least(1), "at most `n_keys`",
        "synthetic: key-value pairs planted per sequence"},
       {ULYSSES_KEY(data.n_queries), at_least(1), "at most `n_pairs`",
@@ -1078,6 +1084,14 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
                     "): cuDNN's graphs here have no document mask; use kernels.attention: "
                     "native or auto");
   }
+  if (c.data.ask_previous_document &&
+      (c.data.source != DataSource::synthetic || c.data.documents != DataDocuments::eos ||
+       c.data.documents_per_sequence < 2))
+    reader.fail("data.ask_previous_document",
+                "needs data.source: synthetic, data.documents: eos and "
+                "data.documents_per_sequence >= 2, but " +
+                    show("data.source") + ", " + show("data.documents") + ", " +
+                    show("data.documents_per_sequence"));
   check_model_size(reader, c);
   // Keys of features that are specified but not built yet: refused rather than ignored, so
   // a run never silently differs from what its config says.

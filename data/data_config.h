@@ -43,6 +43,9 @@ struct DataConfig {
   DataDocuments documents = DataDocuments::none;
   int eos_id = -1;                 // -1: the source's (text 256, tokens 50256)
   int documents_per_sequence = 4;  // synthetic with documents eos: passkey documents per sequence
+  // synthetic packed: every document after the first asks the previous one's questions, a
+  // probe of leakage across documents (docs/parallelism.md, "Packed documents").
+  bool ask_previous_document = false;
   // synthetic passkey / associative recall
   int n_pairs = 4;               // key-value pairs planted per sequence
   int n_queries = 4;             // pairs asked for at the end

@@ -145,9 +145,13 @@ class SyntheticDataset : public Dataset {
 // whole task of its own (BOS, its pairs, its queries) with its own keys; document d of
 // sequence i is sequence i·k + d of a task of that document's length, so no two documents
 // share a plan. The documents split the sequence evenly, the last one taking the remainder.
+// With data.ask_previous_document, document d > 0 ends with document d−1's question triples
+// (its own pairs stay planted): the answer lies only across a boundary, so a model that
+// answers above chance sees through the document mask (tests/test_document_leakage.cpp).
 class PackedSyntheticDataset : public Dataset {
  public:
-  PackedSyntheticDataset(const DataConfig& data, int64_t seq_len, uint64_t stream_seed) {
+  PackedSyntheticDataset(const DataConfig& data, int64_t seq_len, uint64_t stream_seed)
+      : question_tokens_(3 * int64_t(data.n_queries)), ask_previous_(data.ask_previous_document) {
     const int64_t k = data.documents_per_sequence, length = seq_len / k;
     for (int64_t d = 0; d < k; ++d) {
       starts_.push_back(d * length);
@@ -169,6 +173,9 @@ class PackedSyntheticDataset : public Dataset {
       if (first >= end) continue;
       documents_[d]->read_slice(document_index(index, d), first - starts_[d], end - first,
                                 inputs + (first - offset), targets + (first - offset));
+      if (ask_previous_ && d > 0)
+        copy_previous_questions(index, d, first, end, inputs + (first - offset),
+                                targets + (first - offset));
     }
   }
 
@@ -176,9 +183,18 @@ class PackedSyntheticDataset : public Dataset {
   bool has_answers() const override { return true; }
   std::vector<Query> queries(int64_t index) const override {
     std::vector<Query> result;
-    for (size_t d = 0; d < documents_.size(); ++d)
-      for (const Query& query : documents_[d]->queries(document_index(index, d)))
-        result.push_back({query.asked_at + starts_[d], query.key_at + starts_[d]});
+    for (size_t d = 0; d < documents_.size(); ++d) {
+      const std::vector<Query> own = documents_[d]->queries(document_index(index, d));
+      if (!ask_previous_ || d == 0) {
+        for (const Query& query : own)
+          result.push_back({query.asked_at + starts_[d], query.key_at + starts_[d]});
+        continue;
+      }
+      // Asked where this document asks, about a key planted in the previous document.
+      const std::vector<Query> previous = documents_[d - 1]->queries(document_index(index, d - 1));
+      for (size_t q = 0; q < own.size(); ++q)
+        result.push_back({own[q].asked_at + starts_[d], previous[q].key_at + starts_[d - 1]});
+    }
     return result;
   }
   bool has_documents() const override { return true; }
@@ -191,6 +207,22 @@ class PackedSyntheticDataset : public Dataset {
     return index * int64_t(documents_.size()) + int64_t(d);
   }
 
+  // Overwrites the part of document d's question triples that lies in [first, end) (sequence
+  // positions; inputs and targets start at first) with document d−1's: both end their
+  // document, so triple q sits at the same distance from each document's end.
+  void copy_previous_questions(int64_t index, size_t d, int64_t first, int64_t end, int32_t* inputs,
+                               int32_t* targets) {
+    const int64_t questions_begin = std::max(first, starts_[d + 1] - question_tokens_);
+    if (questions_begin >= end) return;
+    const int64_t shift = starts_[d + 1] - starts_[d];  // from document d's end to d−1's end
+    const int64_t count = end - questions_begin;
+    documents_[d - 1]->read_slice(
+        document_index(index, d - 1), questions_begin - shift - starts_[d - 1], count,
+        inputs + (questions_begin - first), targets + (questions_begin - first));
+  }
+
+  int64_t question_tokens_;  // 3 per query: QUERY, key, value
+  bool ask_previous_;
   std::vector<int64_t> starts_;  // of each document, then the sequence length
   std::vector<std::unique_ptr<SyntheticDataset>> documents_;
 };

@@ -50,8 +50,8 @@ TEST(DocumentData, TokenShardsAreCutAfterEachEndOfText) {
   write_token_shard(dir.file("shard.bin"), stream, 1);
   auto none = make_dataset(tokens_config(dir.file("shard.bin"), DataDocuments::none, -1),
                            Split::train, 6, 20, 1);
-  auto eos = make_dataset(tokens_config(dir.file("shard.bin"), DataDocuments::eos, 9),
-                          Split::train, 6, 20, 1);
+  auto eos = make_dataset(tokens_config(dir.file("shard.bin"), DataDocuments::eos, 9), Split::train,
+                          6, 20, 1);
   EXPECT_FALSE(none->has_documents());
   ASSERT_TRUE(eos->has_documents());
   // Window 0 is tokens [0, 6), window 1 [6, 12): the same windows as without documents.
@@ -92,8 +92,8 @@ TEST(DocumentData, AnEndOfTextOutsideTheVocabularyIsRefused) {
   TempDir dir;
   write_token_shard(dir.file("shard.bin"), {1, 2, 3, 4, 5}, 1);
   try {
-    make_dataset(tokens_config(dir.file("shard.bin"), DataDocuments::eos, -1), Split::train, 2,
-                 100, 1);
+    make_dataset(tokens_config(dir.file("shard.bin"), DataDocuments::eos, -1), Split::train, 2, 100,
+                 1);
     ADD_FAILURE() << "GPT-2's end of text 50256 accepted with a vocabulary of 100";
   } catch (const DataError& error) {
     EXPECT_EQ(std::string(error.what()),
@@ -128,6 +128,51 @@ TEST(DocumentData, SyntheticPacksPasskeyDocumentsWithTheirOwnKeys) {
     EXPECT_EQ(document_start(starts, query.asked_at), document_start(starts, query.key_at));
     EXPECT_EQ(w.inputs[size_t(query.asked_at)], w.inputs[size_t(query.key_at)]);
     EXPECT_EQ(w.targets[size_t(query.asked_at)], w.inputs[size_t(query.key_at + 1)]);
+  }
+}
+
+// The leakage probe: each document after the first asks the previous one's questions, read
+// in any slices; its own pairs and BOS stay, and the answers lie across a boundary only.
+TEST(DocumentData, AskPreviousDocumentAsksAcrossTheBoundaryInAnySlices) {
+  DataConfig data;
+  data.documents = DataDocuments::eos;
+  data.documents_per_sequence = 3;
+  data.n_pairs = 2;
+  data.n_queries = 2;
+  data.ask_previous_document = true;
+  const int64_t seq_len = 100;  // documents of 33, 33 and 34 tokens
+  auto dataset = make_dataset(data, Split::train, seq_len, default_vocab_size(data), 3);
+  DataConfig own_data = data;
+  own_data.ask_previous_document = false;
+  auto own = make_dataset(own_data, Split::train, seq_len, default_vocab_size(data), 3);
+  const std::vector<int64_t> starts = dataset->document_starts(7);
+  const Window w = read_window(*dataset, 7, seq_len), o = read_window(*own, 7, seq_len);
+  const std::vector<Dataset::Query> queries = dataset->queries(7);
+  ASSERT_EQ(queries.size(), 6u);
+  for (size_t q = 0; q < queries.size(); ++q) {
+    const Dataset::Query& query = queries[q];
+    const int64_t asked_in = document_start(starts, query.asked_at);
+    const int64_t planted_in = document_start(starts, query.key_at);
+    EXPECT_EQ(planted_in, asked_in == 0 ? 0 : document_start(starts, asked_in - 1)) << q;
+    EXPECT_EQ(w.inputs[size_t(query.asked_at)], w.inputs[size_t(query.key_at)]) << q;
+    EXPECT_EQ(w.targets[size_t(query.asked_at)], w.inputs[size_t(query.key_at + 1)]) << q;
+  }
+  // Only the question triples of documents 1 and 2 (the last 6 tokens of each) changed.
+  std::vector<int64_t> changed;
+  for (int64_t t = 0; t < seq_len; ++t)
+    if (w.inputs[size_t(t)] != o.inputs[size_t(t)] || w.targets[size_t(t)] != o.targets[size_t(t)])
+      changed.push_back(t);
+  for (int64_t t : changed)
+    EXPECT_TRUE((t >= 60 && t < 66) || t >= 94) << "position " << t << " changed";
+  EXPECT_FALSE(changed.empty());
+  // Any slicing reads the same tokens (as ranks and micro-batches read them).
+  for (int64_t cut : {1, 29, 61, 63, 95, 99}) {
+    Window parts{std::vector<int32_t>(size_t(seq_len)), std::vector<int32_t>(size_t(seq_len))};
+    dataset->read_slice(7, 0, cut, parts.inputs.data(), parts.targets.data());
+    dataset->read_slice(7, cut, seq_len - cut, parts.inputs.data() + cut,
+                        parts.targets.data() + cut);
+    EXPECT_EQ(parts.inputs, w.inputs) << "cut at " << cut;
+    EXPECT_EQ(parts.targets, w.targets) << "cut at " << cut;
   }
 }
 
