@@ -228,7 +228,7 @@ const std::vector<Field>& fields() {
        "ranks per sequence-parallel group; the rest of the world is data parallel"},
       {ULYSSES_KEY(parallel.ring), at_least(1),
        "divides `sp`; `n_heads` and `n_kv_heads` rules apply to `sp / ring`; `2·ring` divides "
-       "`seq_len` padded to a multiple of `sp`; cpu only",
+       "`seq_len` padded to a multiple of `sp`; on cuda not with `parallel.device_comm: nccl`",
        "ring attention inside each sp group (docs/parallelism.md, \"Ulysses × ring\"): sp/ring "
        "Ulysses ranks (contiguous) × ring ranks; K/V blocks travel the ring, zigzag-split for "
        "causal balance; packed documents and padding mask as on one rank. Lifts sp past the "
@@ -271,9 +271,10 @@ const std::vector<Field>& fields() {
        "(docs/profiling.md)"},
       {ULYSSES_KEY(parallel.device_comm),
        {},
-       "`nccl` needs `device: cuda`",
+       "`nccl` needs `device: cuda` and `parallel.ring: 1`",
        "how device buffers travel between ranks (docs/cuda.md): `auto` takes NCCL when the "
-       "build has it and every rank of a node has its own GPU, else MPI staged through "
+       "build has it, `parallel.ring` is 1 and every rank of a node has its own GPU, else MPI "
+       "staged through "
        "page-locked host memory; `nccl` insists (exit 2 where it cannot work, e.g. two ranks on "
        "one GPU); `mpi` always stages. No effect with `device: cpu` (MPI moves host memory "
        "directly)"},
@@ -1067,6 +1068,11 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
   if (c.parallel.device_comm == DeviceComm::nccl && c.device != Device::cuda) {
     reader.fail("parallel.device_comm", "nccl needs device: cuda, but " + show("device"));
   }
+  if (c.parallel.device_comm == DeviceComm::nccl && c.parallel.ring > 1) {
+    reader.fail("parallel.device_comm",
+                "nccl has no point to point here, which parallel.ring > 1 needs; use "
+                "parallel.device_comm: mpi or auto (docs/parallelism.md, \"Ulysses × ring\")");
+  }
   if (c.kernels.attention == AttentionKernel::cudnn && c.device != Device::cuda) {
     reader.fail("kernels.attention", "cudnn needs device: cuda, but " + show("device"));
   }
@@ -1199,10 +1205,6 @@ void validate_for_world(const Config& config, int world_size) {
   if (sp % ring != 0)
     throw ConfigError("parallel.ring=" + std::to_string(ring) + " does not divide parallel.sp=" +
                       std::to_string(sp) + "; ring can be " + join_choices(divisors_of(sp)));
-  if (ring > 1 && config.device != Device::cpu)
-    throw ConfigError("parallel.ring=" + std::to_string(ring) +
-                      " needs device: cpu; block attention, which ring attention runs on, "
-                      "exists on the cpu backend only (docs/parallelism.md, \"Ulysses × ring\")");
   if (ring > 1) {
     // The zigzag split cuts the sequence as the ranks hold it, padded to a multiple of sp
     // (docs/parallelism.md, "Any length under any sp"), into 2·ring equal chunks.

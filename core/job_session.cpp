@@ -48,7 +48,7 @@ void set_threads(Backend& backend, int cores, bool progress_thread) {
 
 // NCCL or staging is decided from every node's view: ranks that share a GPU anywhere make
 // every rank stage, since all ranks must build the same kind of communicator.
-DeviceCommChoice agree_device_comm(Comm& world, DeviceComm setting) {
+DeviceCommChoice agree_device_comm(Comm& world, DeviceComm setting, bool point_to_point) {
   const int ranks_here = ranks_on_this_node(world);
   const int gpus_here = cuda_devices_visible();
   double worst_excess = double(ranks_here - gpus_here);
@@ -60,8 +60,8 @@ DeviceCommChoice agree_device_comm(Comm& world, DeviceComm setting) {
   DeviceCommChoice choice;
   std::string error;
   try {
-    choice =
-        choose_device_comm(setting, nccl_compiled(), world.size(), int(counts[0]), int(counts[1]));
+    choice = choose_device_comm(setting, nccl_compiled(), world.size(), int(counts[0]),
+                                int(counts[1]), point_to_point);
   } catch (const std::invalid_argument& problem) {
     error = problem.what();
   }
@@ -138,7 +138,8 @@ void connect_job(JobSession& job, Comm& world) {
   // MPI carries host buffers; device buffers travel over NCCL or are staged through the host.
   Comm* compute_world = &world;
   if (job.config.device == Device::cuda) {
-    const DeviceCommChoice choice = agree_device_comm(world, job.config.parallel.device_comm);
+    const DeviceCommChoice choice =
+        agree_device_comm(world, job.config.parallel.device_comm, job.config.parallel.ring > 1);
     job.device_world = make_device_world(world, *job.backend, choice);
     compute_world = job.device_world.get();
     if (world.rank() == 0)

@@ -26,6 +26,19 @@ int64_t cpu_attention_padded_dim(int64_t head_dim) {
   return (head_dim + kDimPad - 1) / kDimPad * kDimPad;
 }
 
+AttentionBlockOutputs attention_block_outputs(Backend& backend, const Tensor& out,
+                                              const Tensor& lse) {
+  return {backend.alloc(MemCategory::attention, out.dtype, {out.numel()}, "attention block out"),
+          backend.alloc(MemCategory::attention, lse.dtype, {lse.numel()}, "attention block lse")};
+}
+
+AttentionBlockGradients attention_block_gradients(Backend& backend, const Tensor& dq,
+                                                  const Tensor& dk, const Tensor& dv) {
+  return {backend.alloc(MemCategory::attention, dq.dtype, {dq.numel()}, "attention block dq"),
+          backend.alloc(MemCategory::attention, dk.dtype, {dk.numel()}, "attention block dk"),
+          backend.alloc(MemCategory::attention, dv.dtype, {dv.numel()}, "attention block dv")};
+}
+
 Buffer cpu_attention_forward_scratch(Backend& backend, int threads, int64_t head_dim) {
   const int64_t tile = kCpuAttentionTile, pdim = cpu_attention_padded_dim(head_dim);
   const int64_t per_thread = 4 * tile * pdim + tile * tile + 2 * tile;

@@ -36,6 +36,20 @@ Buffer cpu_attention_backward_scratch(Backend& backend, int threads, int64_t hea
 // attention backward, both backends (and cuDNN's): D[b, h, t] = Σ dO·O.
 Buffer attention_row_dot(Backend& backend, int64_t batch, int64_t q_heads, int64_t seq_len);
 
+// Block attention on cuda (ring attention's blocks, kernels/backend.h): a merged block's own
+// out and lse before the merge, and a block's dq, dk, dv before they are added; each shaped
+// (flat) as the tensors they join.
+struct AttentionBlockOutputs {
+  Buffer out, lse;
+};
+AttentionBlockOutputs attention_block_outputs(Backend& backend, const Tensor& out,
+                                              const Tensor& lse);
+struct AttentionBlockGradients {
+  Buffer dq, dk, dv;
+};
+AttentionBlockGradients attention_block_gradients(Backend& backend, const Tensor& dq,
+                                                  const Tensor& dk, const Tensor& dv);
+
 // cuDNN attention: a graph's workspace is known only once cuDNN has built the plan on a
 // device. The planner charges this bound instead: above it the backend gives up the
 // deterministic backward for cuDNN's default (kernels/cuda/cudnn_attention.cpp).

@@ -59,15 +59,15 @@ void PlanningBackend::attention_backward_impl(const Tensor&, const Tensor&, cons
   }
 }
 
-// Block attention runs on the cpu backend only (kernels/backend.h): the same scratch as the
-// whole attention's; cuda is refused as a run would refuse it.
+// Block attention: the whole attention's scratch, and on cuda the block's own results
+// (kernels/op_scratch.h), held while it runs.
 void PlanningBackend::attention_block_forward_impl(const Tensor& out, const Tensor& lse,
                                                    const Tensor& q, const Tensor& k,
-                                                   const Tensor& v, int64_t q_first,
-                                                   int64_t k_first, bool merge,
-                                                   const Documents& documents) {
-  if (kind_ != BackendKind::cpu)
-    Backend::attention_block_forward_impl(out, lse, q, k, v, q_first, k_first, merge, documents);
+                                                   const Tensor& v, int64_t, int64_t, bool merge,
+                                                   const Documents&) {
+  if (kind_ == BackendKind::cpu || !merge || q.numel() == 0)
+    return attention_forward_impl(out, lse, q, k, v, {});
+  const AttentionBlockOutputs block = attention_block_outputs(*this, out, lse);
   attention_forward_impl(out, lse, q, k, v, {});
 }
 
@@ -75,11 +75,11 @@ void PlanningBackend::attention_block_backward_impl(const Tensor& dq, const Tens
                                                     const Tensor& dv, const Tensor& dout,
                                                     const Tensor& q, const Tensor& k,
                                                     const Tensor& v, const Tensor& out,
-                                                    const Tensor& lse, int64_t q_first,
-                                                    int64_t k_first, const Documents& documents) {
-  if (kind_ != BackendKind::cpu)
-    Backend::attention_block_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first,
-                                           documents);
+                                                    const Tensor& lse, int64_t, int64_t,
+                                                    const Documents&) {
+  if (kind_ == BackendKind::cpu || q.numel() == 0)
+    return attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, {});
+  const AttentionBlockGradients block = attention_block_gradients(*this, dq, dk, dv);
   attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, {});
 }
 

@@ -95,7 +95,9 @@ class Comm {
   // Point to point (ring attention, docs/parallelism.md "Ulysses × ring"): sends `send` to
   // rank dest and receives `recv` from rank source, both with tag `tag`; either tensor may be
   // empty (nothing goes that way). Messages between two ranks with one tag arrive in the order
-  // they were issued. Communicators that move device memory have none: this default throws.
+  // they were issued. StagedComm stages them through host_comm; NcclComm has none (its
+  // operations run in issue order on one stream, where the zigzag's crossing pairs would
+  // wait on each other): this default throws.
   virtual CommHandle send_recv_async(const Tensor& send, int dest, const Tensor& recv, int source,
                                      int tag);
 

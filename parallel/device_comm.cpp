@@ -19,7 +19,7 @@ bool nccl_compiled() {
 }
 
 DeviceCommChoice choose_device_comm(DeviceComm setting, bool nccl_available, int world_size,
-                                    int ranks_on_node, int gpus_on_node) {
+                                    int ranks_on_node, int gpus_on_node, bool point_to_point) {
   if (setting == DeviceComm::mpi) return {false, "parallel.device_comm: mpi"};
   const bool shared_gpu = ranks_on_node > gpus_on_node;
   const std::string sharing = std::to_string(ranks_on_node) + " ranks on this node share " +
@@ -37,6 +37,10 @@ DeviceCommChoice choose_device_comm(DeviceComm setting, bool nccl_available, int
     return {true, "parallel.device_comm: nccl"};
   }
   if (world_size == 1) return {false, "one rank: nothing travels between ranks"};
+  if (point_to_point)
+    return {false,
+            "parallel.ring needs point to point, which only staging has: MPI, staged "
+            "through the host"};
   if (!nccl_available) return {false, "this build has no NCCL: MPI, staged through the host"};
   if (shared_gpu) return {false, sharing + ": MPI, staged through the host"};
   return {true, "one GPU per rank: NCCL"};

@@ -191,7 +191,7 @@ std::unique_ptr<StagedComm::Request> StagedComm::issue(std::vector<Staged> stage
   }
   // The bytes and calls of the host operation; its seconds are counted by wait(), copies included.
   CommStats sent = host_->stats() - before;
-  sent.all_to_all_seconds = sent.reduce_seconds = sent.gather_seconds = 0.0;
+  sent.all_to_all_seconds = sent.reduce_seconds = sent.gather_seconds = sent.p2p_seconds = 0.0;
   stats_ += sent;
   return request;
 }
@@ -256,6 +256,21 @@ CommHandle StagedComm::all_gather_async(const Tensor& send, const Tensor& recv) 
   return issue(
       {{send, true, false}, {recv, false, true}}, &CommStats::gather_seconds,
       [&](const std::vector<Tensor>& host) { return host_->all_gather_async(host[0], host[1]); });
+}
+
+// Either side may be empty (ring attention's zigzag moves send or receive only): only the
+// tensors that travel are staged.
+CommHandle StagedComm::send_recv_async(const Tensor& send, int dest, const Tensor& recv, int source,
+                                       int tag) {
+  check_send_recv_args(*this, send, dest, recv, source, tag);
+  const bool sending = send.numel() > 0, receiving = recv.numel() > 0;
+  std::vector<Staged> staged;
+  if (sending) staged.push_back({send, true, false});
+  if (receiving) staged.push_back({recv, false, true});
+  return issue(std::move(staged), &CommStats::p2p_seconds, [&](const std::vector<Tensor>& host) {
+    return host_->send_recv_async(sending ? host[0] : Tensor(), dest,
+                                  receiving ? host.back() : Tensor(), source, tag);
+  });
 }
 
 void StagedComm::broadcast_host(void* data, int64_t bytes, int root) {

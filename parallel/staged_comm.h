@@ -59,6 +59,8 @@ class StagedComm final : public Comm {
   CommHandle all_reduce_async(const Tensor& data, ReduceOp op) override;
   CommHandle reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op) override;
   CommHandle all_gather_async(const Tensor& send, const Tensor& recv) override;
+  CommHandle send_recv_async(const Tensor& send, int dest, const Tensor& recv, int source,
+                             int tag) override;
   void all_reduce_host(double* values, int count, ReduceOp op) override;
   void broadcast_host(void* data, int64_t bytes, int root) override;
   void barrier() override;

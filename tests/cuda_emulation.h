@@ -104,6 +104,10 @@ inline void __syncthreads() {
 }
 
 // Every lane of the warp must take part, as with a full mask on the GPU.
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  ulysses::cuda::emulation::block->warps[threadIdx.x / 32]->arrive_and_wait();
+}
+
 inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
   ulysses::cuda::emulation::Block& block = *ulysses::cuda::emulation::block;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;

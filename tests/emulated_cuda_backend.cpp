@@ -462,16 +462,65 @@ class EmulatedCudaBackend final : public Backend {
     });
   }
 
-  // The kernels and launch shapes kernels/cuda/cuda_attention.cu chooses: tensor cores where
-  // mma_attention_fits, else the FMA kernels.
+  // The kernels, launch shapes and block scratch kernels/cuda/cuda_attention.cu chooses:
+  // tensor cores where mma_attention_fits, else the FMA kernels.
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                               const Tensor& k, const Tensor& v,
                               const Documents& documents) override {
+    attention_into(out, lse, q, k, v, 0, 0, documents);
+  }
+
+  void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Documents& documents) override {
+    attention_gradients_into(dq, dk, dv, dout, q, k, v, out, lse, 0, 0, documents);
+  }
+
+  void attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                    const Tensor& k, const Tensor& v, int64_t q_first,
+                                    int64_t k_first, bool merge,
+                                    const Documents& documents) override {
+    using namespace cuda_attention;
+    if (!merge) return attention_into(out, lse, q, k, v, q_first, k_first, documents);
+    if (q.numel() == 0) return;
+    const AttentionDims dims = attention_dims(q, k);
+    const AttentionBlockOutputs block = attention_block_outputs(*this, out, lse);
+    const Tensor block_out = block.out.tensor(), block_lse = block.lse.tensor();
+    attention_into(block_out, block_lse, q, k, v, q_first, k_first, documents);
+    const int64_t rows = q.shape[0] * dims.seq_len * dims.q_heads;
+    launch(attention_merge_launch(rows), [&] {
+      attention_merge_kernel(data_of<bf16>(out), lse.f32(), data_of<const bf16>(block_out),
+                             block_lse.f32(), dims, rows);
+    });
+  }
+
+  void attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                     const Tensor& dout, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     int64_t q_first, int64_t k_first,
+                                     const Documents& documents) override {
+    if (q.numel() == 0) return;
+    const AttentionBlockGradients block = attention_block_gradients(*this, dq, dk, dv);
+    const Tensor block_dq = block.dq.tensor().reshape({dq.dim(0), dq.dim(1), dq.dim(2), dq.dim(3)});
+    const Tensor block_dk = block.dk.tensor().reshape({dk.dim(0), dk.dim(1), dk.dim(2), dk.dim(3)});
+    const Tensor block_dv = block.dv.tensor().reshape({dv.dim(0), dv.dim(1), dv.dim(2), dv.dim(3)});
+    attention_gradients_into(block_dq, block_dk, block_dv, dout, q, k, v, out, lse, q_first,
+                             k_first, documents);
+    axpy(dq, block_dq, 1.0f);
+    axpy(dk, block_dk, 1.0f);
+    axpy(dv, block_dv, 1.0f);
+  }
+
+  void attention_into(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                      const Tensor& v, int64_t q_first, int64_t k_first,
+                      const Documents& documents) {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
     const std::vector<int32_t> words = document_mask_words(documents);
-    const DocumentMask mask = document_mask_at(words.empty() ? nullptr : words.data());
+    const AttentionMask mask =
+        attention_mask_at(words.empty() ? nullptr : words.data(), q_first, k_first);
     const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, q.data);
     const cuda::LaunchShape shape = tensor_cores ? attention_forward_mma_launch(dims, q.shape[0])
                                                  : attention_forward_launch(dims, q.shape[0]);
@@ -488,15 +537,16 @@ class EmulatedCudaBackend final : public Backend {
       run(narrow ? attention_forward_kernel<64> : attention_forward_kernel<128>);
   }
 
-  void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                               const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse,
-                               const Documents& documents) override {
+  void attention_gradients_into(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const Tensor& dout, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const Tensor& lse,
+                                int64_t q_first, int64_t k_first, const Documents& documents) {
     using namespace cuda_attention;
     if (q.numel() == 0) return;
     const AttentionDims dims = attention_dims(q, k);
     const std::vector<int32_t> words = document_mask_words(documents);
-    const DocumentMask mask = document_mask_at(words.empty() ? nullptr : words.data());
+    const AttentionMask mask =
+        attention_mask_at(words.empty() ? nullptr : words.data(), q_first, k_first);
     const int64_t batch = q.shape[0];
     Buffer row_dot = attention_row_dot(*this, batch, dims.q_heads, dims.seq_len);
     const int64_t rows = batch * dims.seq_len * dims.q_heads;

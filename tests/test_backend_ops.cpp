@@ -30,6 +30,11 @@
 //                                 tile left unmasked): Attention
 //   cuda_attention_mask.cuh       key_visible without key >= query_start: Attention
 //   cuda_attention_mask.cuh       document_end one short (the next start − 1): Attention
+//   cuda_attention_mask.cuh       causal_last_key without the block's offset: AttentionBlocks
+//   cuda_attention_mma.cuh        the forward's 1 / total for a row that saw no key (NaN,
+//                                 which relative_error now counts as infinite): AttentionBlocks
+//   cuda_attention_kernels.cuh    attention_merge_kernel without its guard for two −inf rows:
+//                                 AttentionBlocks
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -666,6 +671,122 @@ TEST_P(BackendOps, Attention) {
         tolerance, "dk", checks);
     expect_gradient_matches(
         get(dv), to_double(v),
+        [&](const std::vector<double>& p) {
+          return weighted_sum(attention_reference(s, to_double(q), to_double(k), p), dout);
+        },
+        tolerance, "dv", checks);
+  }
+}
+
+// Ring attention's blocks (kernels/backend.h, attention_block_forward): the sequence cut into
+// 3 chunks (not tile-aligned), each query chunk against every key chunk at or before it at
+// their true positions, the diagonal first and the earlier chunks merged into it by
+// log-sum-exp (or, with documents, chunk 0 first); the backward's shares added into dq, dk, dv. The
+// result is the whole causal attention's, checked as the Attention test checks it. With documents
+// some first blocks see nothing for some rows (out 0, lse −inf before the merge) and one key chunk
+// is hidden from a whole later query chunk. Head dims 16 and 64 run the tensor-core kernels on the
+// cuda columns, 12 the FMA ones.
+TEST_P(BackendOps, AttentionBlocksAddUpToTheWholeAttention) {
+  struct BlockCase {
+    AttentionShape shape;
+    int64_t chunk;
+  };
+  const std::vector<BlockCase> cases = {{{2, 60, 4, 2, 12}, 20},
+                                        {{1, 150, 2, 1, 16, {{0, 50, 100, 130}}}, 50},
+                                        {{1, 120, 2, 2, 64, {{0, 70, 119}}}, 40}};
+  const DType dtype = attention_dtype();
+  // The whole attention's bounds; on cuda each merge and each add rounds to bf16 once more.
+  const double tolerance = dtype == DType::bf16 ? 3e-2 : 1e-4;
+  for (const BlockCase& c : cases) {
+    const AttentionShape& s = c.shape;
+    SCOPED_TRACE(describe(dtype, {s.batch, s.seq, s.q_heads, s.kv_heads, s.dim}) +
+                 " in chunks of " + std::to_string(c.chunk) +
+                 (s.starts.empty() ? "" : " with documents"));
+    const Documents documents{s.starts};
+    const int64_t B = s.batch, C = c.chunk, chunks = s.seq / c.chunk;
+    const int64_t q_row = s.q_heads * s.dim, kv_row = s.kv_heads * s.dim;
+    const std::vector<float> q = values(size_t(B * s.seq * q_row), 46, dtype, 2.0f),
+                             k = values(size_t(B * s.seq * kv_row), 47, dtype, 2.0f),
+                             v = values(size_t(B * s.seq * kv_row), 48, dtype),
+                             dout = values(size_t(B * s.seq * q_row), 49, dtype);
+    // Rows [chunk·C, (chunk+1)·C) of each sequence of a [B, T, row] tensor, and back.
+    auto rows_of = [&](const std::vector<float>& x, int64_t row, int64_t chunk) {
+      std::vector<float> part;
+      for (int64_t b = 0; b < B; ++b)
+        part.insert(part.end(), x.begin() + (b * s.seq + chunk * C) * row,
+                    x.begin() + (b * s.seq + (chunk + 1) * C) * row);
+      return part;
+    };
+    auto put_rows = [&](std::vector<float>& x, int64_t row, int64_t chunk,
+                        const std::vector<float>& part) {
+      for (int64_t b = 0; b < B; ++b)
+        std::copy(part.begin() + b * C * row, part.begin() + (b + 1) * C * row,
+                  x.begin() + (b * s.seq + chunk * C) * row);
+    };
+    std::vector<Buffer> qs, ks, vs, dos, outs, lses, dqs, dks, dvs;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      qs.push_back(put(dtype, {B, C, s.q_heads, s.dim}, rows_of(q, q_row, chunk)));
+      ks.push_back(put(dtype, {B, C, s.kv_heads, s.dim}, rows_of(k, kv_row, chunk)));
+      vs.push_back(put(dtype, {B, C, s.kv_heads, s.dim}, rows_of(v, kv_row, chunk)));
+      dos.push_back(put(dtype, {B, C, s.q_heads, s.dim}, rows_of(dout, q_row, chunk)));
+      outs.push_back(
+          put(dtype, {B, C, s.q_heads, s.dim}, std::vector<float>(size_t(B * C * q_row))));
+      lses.push_back(
+          put(DType::f32, {B, s.q_heads, C}, std::vector<float>(size_t(B * s.q_heads * C))));
+      dqs.push_back(
+          put(dtype, {B, C, s.q_heads, s.dim}, std::vector<float>(size_t(B * C * q_row))));
+      dks.push_back(
+          put(dtype, {B, C, s.kv_heads, s.dim}, std::vector<float>(size_t(B * C * kv_row))));
+      dvs.push_back(
+          put(dtype, {B, C, s.kv_heads, s.dim}, std::vector<float>(size_t(B * C * kv_row))));
+    }
+    // Without documents the diagonal comes first, with them key chunk 0 (which some rows do
+    // not see at all).
+    for (int64_t qc = 0; qc < chunks; ++qc)
+      for (int64_t step = 0; step <= qc; ++step) {
+        const int64_t kc = s.starts.empty() ? qc - step : step;
+        backend().attention_block_forward(outs[size_t(qc)], lses[size_t(qc)], qs[size_t(qc)],
+                                          ks[size_t(kc)], vs[size_t(kc)], qc * C, kc * C, step > 0,
+                                          documents);
+      }
+    for (int64_t qc = 0; qc < chunks; ++qc)
+      for (int64_t kc = 0; kc <= qc; ++kc)
+        backend().attention_block_backward(dqs[size_t(qc)], dks[size_t(kc)], dvs[size_t(kc)],
+                                           dos[size_t(qc)], qs[size_t(qc)], ks[size_t(kc)],
+                                           vs[size_t(kc)], outs[size_t(qc)], lses[size_t(qc)],
+                                           qc * C, kc * C, documents);
+    std::vector<float> out(q.size()), lse(size_t(B * s.q_heads * s.seq)), dq(q.size()),
+        dk(k.size()), dv(v.size());
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      put_rows(out, q_row, chunk, get(outs[size_t(chunk)]));
+      put_rows(dq, q_row, chunk, get(dqs[size_t(chunk)]));
+      put_rows(dk, kv_row, chunk, get(dks[size_t(chunk)]));
+      put_rows(dv, kv_row, chunk, get(dvs[size_t(chunk)]));
+      const std::vector<float> chunk_lse = get(lses[size_t(chunk)]);  // [B·Hq, C]
+      for (int64_t bh = 0; bh < B * s.q_heads; ++bh)
+        std::copy(chunk_lse.begin() + bh * C, chunk_lse.begin() + (bh + 1) * C,
+                  lse.begin() + bh * s.seq + chunk * C);
+    }
+    std::vector<double> expected_lse;
+    const std::vector<double> expected =
+        attention_reference(s, to_double(q), to_double(k), to_double(v), &expected_lse);
+    EXPECT_LT(relative_error(out, expected), tolerance);
+    EXPECT_LT(relative_error(lse, expected_lse), 1e-5);
+    const size_t checks = 48;
+    expect_gradient_matches(
+        dq, to_double(q),
+        [&](const std::vector<double>& p) {
+          return weighted_sum(attention_reference(s, p, to_double(k), to_double(v)), dout);
+        },
+        tolerance, "dq", checks);
+    expect_gradient_matches(
+        dk, to_double(k),
+        [&](const std::vector<double>& p) {
+          return weighted_sum(attention_reference(s, to_double(q), p, to_double(v)), dout);
+        },
+        tolerance, "dk", checks);
+    expect_gradient_matches(
+        dv, to_double(v),
         [&](const std::vector<double>& p) {
           return weighted_sum(attention_reference(s, to_double(q), to_double(k), p), dout);
         },

@@ -650,5 +650,14 @@ TEST(Config, OffloadIsAcceptedOnCudaAndNeedsLayerCheckpointing) {
       << message;
 }
 
+// Ring attention runs on cuda through staged point to point; NCCL has none here.
+TEST(Config, RingIsAcceptedOnCudaButNotOverNccl) {
+  EXPECT_NO_THROW(parse_config("device: cuda\nparallel:\n  sp: 4\n  ring: 2\n", {}, "c.yaml"));
+  const std::string message =
+      config_error("device: cuda\nparallel:\n  sp: 4\n  ring: 2\n  device_comm: nccl\n");
+  EXPECT_TRUE(contains(message, "nccl has no point to point here, which parallel.ring > 1 needs"))
+      << message;
+}
+
 }  // namespace
 }  // namespace ulysses

@@ -196,9 +196,9 @@ AttentionDims dims_of(const Shape& s) {
 
 // The documents as the kernels take them (kernels/cuda/cuda_attention_mask.cuh); words holds
 // the array the mask points into.
-DocumentMask mask_of(const Shape& s, std::vector<int32_t>& words) {
+AttentionMask mask_of(const Shape& s, std::vector<int32_t>& words) {
   words = document_mask_words(Documents{s.starts});
-  return document_mask_at(words.empty() ? nullptr : words.data());
+  return attention_mask_at(words.empty() ? nullptr : words.data());
 }
 
 // The forward kernels with the launch shapes of kernels/cuda/cuda_attention.cu.
@@ -206,7 +206,7 @@ template <int kDim>
 void run_forward(Kernels kernels, const Inputs& in, Outputs& o) {
   const AttentionDims dims = dims_of(in.shape);
   std::vector<int32_t> words;
-  const DocumentMask mask = mask_of(in.shape, words);
+  const AttentionMask mask = mask_of(in.shape, words);
   if (kernels == Kernels::tensor_cores)
     launch(attention_forward_mma_launch(dims, in.shape.batch), [&] {
       attention_forward_mma_kernel<kDim>(o.out.data(), o.lse.data(), in.q.data(), in.k.data(),
@@ -225,7 +225,7 @@ void run_backward(Kernels kernels, const Inputs& in, Outputs& o) {
   const Shape& s = in.shape;
   const AttentionDims dims = dims_of(s);
   std::vector<int32_t> words;
-  const DocumentMask mask = mask_of(s, words);
+  const AttentionMask mask = mask_of(s, words);
   std::vector<float> row_dot(o.lse.size(), NAN);
   const int64_t rows = s.batch * s.seq * s.q_heads;
   launch(attention_row_dot_launch(rows), [&] {

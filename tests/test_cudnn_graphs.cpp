@@ -50,5 +50,24 @@ TEST(CudnnAttentionGraphs, BackwardOperationsFinalizeInBothVariants) {
   }
 }
 
+// A block of ring attention whose keys all precede its queries: the same graphs without the
+// causal mask's four operations (2 indices, compare, select).
+TEST(CudnnAttentionGraphs, WithoutTheCausalMaskBothGraphsFinalize) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    AttentionShape shape = c.shape;
+    shape.causal = false;
+    GraphBuilder forward(nullptr);
+    ASSERT_NO_THROW(add_attention_forward(forward, shape));
+    EXPECT_EQ(forward.operation_count(), 10u);
+    EXPECT_NO_THROW(forward.finalize_graph("forward"));
+    GraphBuilder backward(nullptr);
+    ASSERT_NO_THROW(add_attention_backward(backward, shape, true));
+    const size_t grouped = shape.q_heads != shape.kv_heads ? 2 : 0;
+    EXPECT_EQ(backward.operation_count(), 17u + grouped);
+    EXPECT_NO_THROW(backward.finalize_graph("backward"));
+  }
+}
+
 }  // namespace
 }  // namespace ulysses::cudnn

@@ -37,6 +37,15 @@ TEST(DeviceComm, AutoStagesThroughTheHostOtherwise) {
   EXPECT_FALSE(choose_device_comm(DeviceComm::automatic, true, 1, 1, 1).nccl);
 }
 
+// Ring attention needs point to point, which only staging has (parallel/comm.h).
+TEST(DeviceComm, AutoStagesForTheRing) {
+  const DeviceCommChoice ring = choose_device_comm(DeviceComm::automatic, true, 8, 8, 8, true);
+  EXPECT_FALSE(ring.nccl);
+  EXPECT_EQ(ring.reason,
+            "parallel.ring needs point to point, which only staging has: MPI, staged through the "
+            "host");
+}
+
 TEST(DeviceComm, MpiIsAlwaysStaged) {
   EXPECT_FALSE(choose_device_comm(DeviceComm::mpi, true, 8, 8, 8).nccl);
   EXPECT_FALSE(choose_device_comm(DeviceComm::mpi, false, 2, 2, 1).nccl);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,6 +62,8 @@ inline double relative_error(const std::vector<float>& actual,
   EXPECT_EQ(actual.size(), expected.size());
   double max_error = 0.0, max_expected = 0.0;
   for (size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
+    // std::max would pass over a NaN: a non-finite result is an infinite error.
+    if (!std::isfinite(actual[i])) return std::numeric_limits<double>::infinity();
     max_error = std::max(max_error, std::abs(double(actual[i]) - expected[i]));
     max_expected = std::max(max_expected, std::abs(expected[i]));
   }
@@ -106,7 +109,9 @@ inline void expect_gradient_matches(const std::vector<float>& gradient,
   double max_error = 0.0;
   size_t worst = 0;
   for (size_t n = 0; n < coordinates.size(); ++n) {
-    const double error = std::abs(double(gradient[coordinates[n]]) - numeric[n]);
+    const double difference = std::abs(double(gradient[coordinates[n]]) - numeric[n]);
+    const double error =
+        std::isfinite(difference) ? difference : std::numeric_limits<double>::infinity();
     if (error > max_error) max_error = error, worst = n;
   }
   EXPECT_LE(max_error / max_numeric, tolerance)

@@ -11,6 +11,12 @@
 // looping over the q heads of its GQA group and the query tiles after it. Each output element
 // is written by one thread in a fixed order, with no atomics: results are bit-identical from
 // run to run.
+//
+// Ring attention's blocks (kernels/backend.h, attention_block_forward) run the same kernels
+// with the block's positions in the mask (cuda_attention_mask.cuh); a merged block's result
+// and a block's gradients pass through scratch (kernels/op_scratch.h) before they are folded
+// in. With kernels.attention: cudnn the diagonal blocks take the causal graph and the blocks
+// whose keys all precede their queries the unmasked one.
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -22,6 +28,7 @@
 #include "kernels/cuda/cuda_backend_impl.cuh"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/op_contracts.h"
+#include "kernels/op_scratch.h"
 
 namespace ulysses {
 
@@ -79,22 +86,91 @@ Buffer upload_documents(Backend& backend, const Documents& documents) {
   return buffer;
 }
 
-DocumentMask mask_of(const Buffer& words) {
-  return document_mask_at(words.empty() ? nullptr
-                                        : static_cast<const int32_t*>(words.tensor().data));
+// The mask of a block at (q_first, k_first) over the uploaded document starts.
+AttentionMask mask_of(const Buffer& words, int64_t q_first, int64_t k_first) {
+  return attention_mask_at(
+      words.empty() ? nullptr : static_cast<const int32_t*>(words.tensor().data), q_first, k_first);
 }
+
+#ifdef ULYSSES_WITH_CUDNN
+// Which cuDNN graph computes a block, if one can: the diagonal (queries and keys at the same
+// positions) is the causal graph, a block whose keys all precede its queries the unmasked
+// one. Others (not made by ring attention) run the native kernels.
+enum class CudnnBlock { none, causal, full };
+CudnnBlock cudnn_block(int64_t seq_len, int64_t q_first, int64_t k_first) {
+  if (q_first == k_first) return CudnnBlock::causal;
+  if (k_first + seq_len - 1 <= q_first) return CudnnBlock::full;
+  return CudnnBlock::none;
+}
+#endif
 
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                                          const Tensor& k, const Tensor& v,
                                          const Documents& documents) {
-  const char* op = "attention_forward";
+  attention_into(out, lse, q, k, v, 0, 0, documents, "attention_forward");
+}
+
+void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                          const Tensor& dout, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& out, const Tensor& lse,
+                                          const Documents& documents) {
+  attention_gradients_into(dq, dk, dv, dout, q, k, v, out, lse, 0, 0, documents,
+                           "attention_backward");
+}
+
+// The block's result goes straight into out and lse, or into scratch that the merge kernel
+// then folds into them (cuda_attention_kernels.cuh, attention_merge_kernel).
+void CudaBackend::attention_block_forward_impl(const Tensor& out, const Tensor& lse,
+                                               const Tensor& q, const Tensor& k, const Tensor& v,
+                                               int64_t q_first, int64_t k_first, bool merge,
+                                               const Documents& documents) {
+  const char* op = "attention_block_forward";
+  if (!merge) return attention_into(out, lse, q, k, v, q_first, k_first, documents, op);
+  const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
+  if (q.numel() == 0) return;
+  const AttentionBlockOutputs block = attention_block_outputs(*this, out, lse);
+  const Tensor block_out = block.out.tensor(), block_lse = block.lse.tensor();
+  attention_into(block_out, block_lse, q, k, v, q_first, k_first, documents, op);
+  const int64_t rows = q.shape[0] * dims.seq_len * dims.q_heads;
+  const LaunchShape shape = attention_merge_launch(rows);
+  attention_merge_kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
+      static_cast<bf16*>(out.data), lse.f32(), static_cast<const bf16*>(block_out.data),
+      block_lse.f32(), dims, rows);
+  check_launch(op);
+}
+
+// The block's gradients go to scratch and are then added (Backend::axpy, in f32, rounded once
+// to bf16 per add).
+void CudaBackend::attention_block_backward_impl(const Tensor& dq, const Tensor& dk,
+                                                const Tensor& dv, const Tensor& dout,
+                                                const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const Tensor& out, const Tensor& lse,
+                                                int64_t q_first, int64_t k_first,
+                                                const Documents& documents) {
+  if (q.numel() == 0) return;
+  const AttentionBlockGradients block = attention_block_gradients(*this, dq, dk, dv);
+  const Tensor block_dq = block.dq.tensor().reshape({dq.dim(0), dq.dim(1), dq.dim(2), dq.dim(3)});
+  const Tensor block_dk = block.dk.tensor().reshape({dk.dim(0), dk.dim(1), dk.dim(2), dk.dim(3)});
+  const Tensor block_dv = block.dv.tensor().reshape({dv.dim(0), dv.dim(1), dv.dim(2), dv.dim(3)});
+  attention_gradients_into(block_dq, block_dk, block_dv, dout, q, k, v, out, lse, q_first, k_first,
+                           documents, "attention_block_backward");
+  axpy(dq, block_dq, 1.0f);
+  axpy(dk, block_dk, 1.0f);
+  axpy(dv, block_dv, 1.0f);
+}
+
+void CudaBackend::attention_into(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                 const Tensor& k, const Tensor& v, int64_t q_first, int64_t k_first,
+                                 const Documents& documents, const char* op) {
   const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
   if (cudnn_attention_ && !documents.none()) refuse_cudnn_documents(op);
-  if (cudnn_attention_) return cudnn_attention_->forward(out, lse, q, k, v);
+  const CudnnBlock block = cudnn_block(dims.seq_len, q_first, k_first);
+  if (cudnn_attention_ && block != CudnnBlock::none)
+    return cudnn_attention_->forward(out, lse, q, k, v, block == CudnnBlock::causal);
 #endif
   const Buffer document_words = upload_documents(*this, documents);
   const bool tensor_cores = mma_attention_fits(dims.dim, q.data, k.data, v.data, q.data);
@@ -105,7 +181,7 @@ void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, c
     kernel<<<shape.grid, shape.threads, shape.shared_bytes, stream_>>>(
         static_cast<bf16*>(out.data), lse.f32(), static_cast<const bf16*>(q.data),
         static_cast<const bf16*>(k.data), static_cast<const bf16*>(v.data), dims,
-        mask_of(document_words));
+        mask_of(document_words, q_first, k_first));
   };
   const bool narrow = kernel_dim(dims.dim) == 64;
   if (tensor_cores)
@@ -115,11 +191,11 @@ void CudaBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, c
   check_launch(op);
 }
 
-void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                          const Tensor& dout, const Tensor& q, const Tensor& k,
-                                          const Tensor& v, const Tensor& out, const Tensor& lse,
-                                          const Documents& documents) {
-  const char* op = "attention_backward";
+void CudaBackend::attention_gradients_into(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                           const Tensor& dout, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const Tensor& out, const Tensor& lse,
+                                           int64_t q_first, int64_t k_first,
+                                           const Documents& documents, const char* op) {
   const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
   cuda::require_dtype(dq, DType::bf16, op, "dq");
   cuda::require_dtype(dk, DType::bf16, op, "dk");
@@ -128,11 +204,14 @@ void CudaBackend::attention_backward_impl(const Tensor& dq, const Tensor& dk, co
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
   if (cudnn_attention_ && !documents.none()) refuse_cudnn_documents(op);
-  if (cudnn_attention_) return cudnn_attention_->backward(dq, dk, dv, dout, q, k, v, out, lse);
+  const CudnnBlock block = cudnn_block(dims.seq_len, q_first, k_first);
+  if (cudnn_attention_ && block != CudnnBlock::none)
+    return cudnn_attention_->backward(dq, dk, dv, dout, q, k, v, out, lse,
+                                      block == CudnnBlock::causal);
 #endif
   const int64_t batch = q.shape[0];
   const Buffer document_words = upload_documents(*this, documents);
-  const DocumentMask mask = mask_of(document_words);
+  const AttentionMask mask = mask_of(document_words, q_first, k_first);
 
   Buffer row_dot = attention_row_dot(*this, batch, dims.q_heads, dims.seq_len);
   const int64_t rows = batch * dims.seq_len * dims.q_heads;

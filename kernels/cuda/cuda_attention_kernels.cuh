@@ -73,11 +73,12 @@ struct AttentionDims {
 };
 
 // Grid: (query tiles, q heads, batch); the last (longest) query tiles are scheduled first.
-// With documents, key tiles before the document of the tile's first query are skipped.
+// Key tiles before the document of the tile's first query, and past its last query, are
+// skipped (cuda_attention_mask.cuh). A query that sees no key gets out 0 and lse −inf.
 template <int kDim>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                             AttentionDims dims, DocumentMask documents = {}) {
+                             AttentionDims dims, AttentionMask mask = {}) {
   constexpr int kStride = kTileStride<kDim>;
   constexpr int kCols = kDim / 4;
   unsigned char* shared = dynamic_shared_memory();
@@ -105,9 +106,10 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
   float row_max = -INFINITY, row_sum = 0.0f;
-  const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
+  const int64_t query_start = document_first_key(mask, b, query < T ? query : T - 1);
 
-  for (int64_t key_tile = first_key_tile(documents, b, q0, kTile); key_tile <= tile; ++key_tile) {
+  const int64_t end_tile = end_key_tile(mask, q0 + kTile - 1, T, kTile);
+  for (int64_t key_tile = first_key_tile(mask, b, q0, kTile); key_tile < end_tile; ++key_tile) {
     const int64_t k0 = key_tile * kTile;
     __syncthreads();  // the previous tile's k, v and probabilities are no longer read
     load_tile<kDim>(k_tile, k_head, k0, T, kv_row_stride, D);
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
           row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
       // A row may see no key of this tile (an earlier document's, or rows past T): its
       // max stays -inf and the correction below is then taken as 1.
-      scores[j] = key_visible(query, query_start, key, T) ? score : -INFINITY;
+      scores[j] = key_visible(mask, query, query_start, key, T) ? score : -INFINITY;
       tile_max = fmaxf(tile_max, scores[j]);
     }
     const float new_max = fmaxf(row_max, quad_max(tile_max));
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
 
   if (query >= T) return;
   bf16* out_row = out + ((b * T + query) * dims.q_heads + h) * D;
-  const float inverse_sum = 1.0f / row_sum;
+  const float inverse_sum = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     const int column = quad + 4 * c;
@@ -186,13 +188,46 @@ __global__ void attention_row_dot_kernel(float* row_dot_out, const bf16* dout, c
   }
 }
 
+// Ring attention's merge (kernels/backend.h, attention_block_forward with merge): out and lse
+// hold the blocks merged so far, block_out and block_lse one more block over the same
+// queries; in f32, lse = log(e^lse + e^block_lse) and out = out·e^(lse_old − lse) +
+// block_out·e^(block_lse − lse). A row that has seen no key in either keeps out 0, lse −inf.
+// One warp per (b, t, h) row, grid-stride, as attention_row_dot_kernel.
+__global__ void attention_merge_kernel(bf16* out, float* lse, const bf16* block_out,
+                                       const float* block_lse, AttentionDims dims, int64_t rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  for (int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; warp < rows;
+       warp += warps) {
+    const int64_t h = warp % dims.q_heads;
+    const int64_t bt = warp / dims.q_heads;
+    const int64_t b = bt / dims.seq_len, t = bt % dims.seq_len;
+    const int64_t stat = (b * dims.q_heads + h) * dims.seq_len + t;
+    const float old_lse = lse[stat], new_lse = block_lse[stat];
+    const float larger = fmaxf(old_lse, new_lse);
+    float merged = -INFINITY, old_weight = 0.0f, block_weight = 0.0f;
+    if (larger != -INFINITY) {
+      merged = larger + logf(expf(old_lse - larger) + expf(new_lse - larger));
+      old_weight = expf(old_lse - merged);
+      block_weight = expf(new_lse - merged);
+    }
+    bf16* o_row = out + warp * dims.dim;
+    const bf16* block_row = block_out + warp * dims.dim;
+    for (int d = lane; d < dims.dim; d += 32)
+      o_row[d] = __float2bfloat16_rn(__bfloat162float(o_row[d]) * old_weight +
+                                     __bfloat162float(block_row[d]) * block_weight);
+    __syncwarp();
+    if (lane == 0) lse[stat] = merged;
+  }
+}
+
 // dQ = scale · Σ_keys dS K with dS = P ∘ (dP − D), P = exp(S − lse), dP = dO Vᵀ.
 // Grid: (query tiles, q heads, batch).
 template <int kDim>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dq_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                         const float* lse, const float* dout_dot_out, AttentionDims dims,
-                        DocumentMask documents = {}) {
+                        AttentionMask mask = {}) {
   constexpr int kStride = kTileStride<kDim>;
   constexpr int kCols = kDim / 4;
   unsigned char* shared = dynamic_shared_memory();
@@ -226,8 +261,9 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
 
-  const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
-  for (int64_t key_tile = first_key_tile(documents, b, q0, kTile); key_tile <= tile; ++key_tile) {
+  const int64_t query_start = document_first_key(mask, b, query < T ? query : T - 1);
+  const int64_t end_tile = end_key_tile(mask, q0 + kTile - 1, T, kTile);
+  for (int64_t key_tile = first_key_tile(mask, b, q0, kTile); key_tile < end_tile; ++key_tile) {
     const int64_t k0 = key_tile * kTile;
     __syncthreads();
     load_tile<kDim>(k_tile, k_head, k0, T, kv_row_stride, D);
@@ -237,7 +273,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     for (int j = 0; j < kScoresPerThread; ++j) {
       const int column = quad + 4 * j;
       const int64_t key = k0 + column;
-      const bool visible = key_visible(query, query_start, key, T);
+      const bool visible = key_visible(mask, query, query_start, key, T);
       const float score =
           row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
       const float p = visible ? __expf(score - row_lse) : 0.0f;
@@ -273,7 +309,7 @@ template <int kDim>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dkv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                          const bf16* v, const float* lse, const float* dout_dot_out,
-                         AttentionDims dims, DocumentMask documents = {}) {
+                         AttentionDims dims, AttentionMask mask = {}) {
   constexpr int kStride = kTileStride<kDim>;
   constexpr int kCols = kDim / 4;
   unsigned char* shared = dynamic_shared_memory();
@@ -305,13 +341,14 @@ __global__ void __launch_bounds__(kAttentionThreads)
 
   // Query tiles that start after the document of the tile's last key see none of its keys.
   const int64_t last_key = (k0 + kTile < T ? k0 + kTile : T) - 1;
-  const int64_t end_tile = end_query_tile(documents, b, last_key, T, kTile);
+  const int64_t end_tile = end_query_tile(mask, b, last_key, T, kTile);
   for (int h = kv_h * group; h < (kv_h + 1) * group; ++h) {
     const int64_t q_offset = (b * T * dims.q_heads + h) * D;
-    for (int64_t tile = key_tile; tile < end_tile && tile < tiles; ++tile) {
+    for (int64_t tile = first_query_tile(mask, k0, kTile); tile < end_tile && tile < tiles;
+         ++tile) {
       const int64_t q0 = tile * kTile;
       const int64_t query = q0 + row;
-      const int64_t query_start = document_start(documents, b, query < T ? query : T - 1);
+      const int64_t query_start = document_first_key(mask, b, query < T ? query : T - 1);
       __syncthreads();
       load_tile<kDim>(q_tile, q + q_offset, q0, T, q_row_stride, D);
       load_tile<kDim>(do_tile, dout + q_offset, q0, T, q_row_stride, D);
@@ -323,7 +360,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
       for (int j = 0; j < kScoresPerThread; ++j) {
         const int column = quad + 4 * j;
         const int64_t key = k0 + column;
-        const bool visible = key_visible(query, query_start, key, T);
+        const bool visible = key_visible(mask, query, query_start, key, T);
         const float score =
             row_dot(q_tile + row * kStride, k_tile + column * kStride, D) * dims.scale;
         const float p = visible ? __expf(score - row_lse) : 0.0f;
@@ -398,6 +435,11 @@ inline LaunchShape attention_forward_launch(const AttentionDims& dims, int64_t b
 
 // One warp per (b, t, h) row, grid-stride.
 inline LaunchShape attention_row_dot_launch(int64_t rows) {
+  return ::ulysses::cuda::elementwise_launch(rows * 32);
+}
+
+// One warp per (b, t, h) row, grid-stride.
+inline LaunchShape attention_merge_launch(int64_t rows) {
   return ::ulysses::cuda::elementwise_launch(rows * 32);
 }
 

@@ -156,7 +156,7 @@ __device__ void store_rows(bf16* dst, const float acc[kDim / 8][4], const float 
 template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                 AttentionDims dims, DocumentMask documents = {}) {
+                                 AttentionDims dims, AttentionMask mask = {}) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* q_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* k_tiles = q_tile + kTileElements;
@@ -175,17 +175,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t q_offset = (b * T * dims.q_heads + h) * D;
   const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
   const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
-  const int64_t first = first_key_tile(documents, b, q0, kMmaRows);
-  const int64_t end = end_key_tile(q0 + kMmaRows - 1, kMmaRows);
+  const int64_t first = first_key_tile(mask, b, q0, kMmaRows);
+  const int64_t end = end_key_tile(mask, q0 + kMmaRows - 1, T, kMmaRows);
   // The document starts of this lane's two rows and of the warp's last row (a padding row
   // past T takes the last token's; the mask hides it anyway).
   int64_t query_start[2];
   for (int half = 0; half < 2; ++half) {
     const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
-    query_start[half] = document_start(documents, b, query < T ? query : T - 1);
+    query_start[half] = document_first_key(mask, b, query < T ? query : T - 1);
   }
   const int64_t warp_last = warp_q0 + kWarpRows - 1;
-  const int64_t warp_last_start = document_start(documents, b, warp_last < T ? warp_last : T - 1);
+  const int64_t warp_last_start = document_first_key(mask, b, warp_last < T ? warp_last : T - 1);
 
   copy_tile_async<kDim>(q_tile, q + q_offset, q0, T, q_row_stride, D);
   copy_tile_async<kDim>(k_tiles, k_head, first * kMmaRows, T, kv_row_stride, D);
@@ -214,12 +214,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     warp_tile_abt<kDim>(s, q_tile, warp * kWarpRows, k_tile, D);
     const int64_t k0 = key_tile * kMmaRows;
     // Padding rows (query ≥ T) are never written.
-    const bool all_visible = tiles_fully_visible(warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
+    const bool all_visible =
+        tiles_fully_visible(mask, warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
         const int64_t query = warp_q0 + fragment_row(lane, i);
         const int64_t key = k0 + fragment_column(lane, n, i);
-        s[n][i] = all_visible || key_visible(query, query_start[i / 2], key, T)
+        s[n][i] = all_visible || key_visible(mask, query, query_start[i / 2], key, T)
                       ? s[n][i] * scale_log2
                       : -INFINITY;
       }
@@ -256,7 +257,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   float inverse_sum[2];
   for (int half = 0; half < 2; ++half) {
     const float total = quad_sum(row_sum[half]);
-    inverse_sum[half] = 1.0f / total;
+    inverse_sum[half] = total > 0.0f ? 1.0f / total : 0.0f;  // a row that saw no key: out 0
     const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
     if (lane % 4 == 0 && query < T)
       lse[(b * dims.q_heads + h) * T + query] = (row_max[half] + log2f(total)) / kLog2e;
@@ -271,7 +272,7 @@ template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_dq_mma_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                             const float* lse, const float* dout_dot_out, AttentionDims dims,
-                            DocumentMask documents = {}) {
+                            AttentionMask mask = {}) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* q_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* do_tile = q_tile + kTileElements;
@@ -291,17 +292,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t q_offset = (b * T * dims.q_heads + h) * D;
   const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
   const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
-  const int64_t first = first_key_tile(documents, b, q0, kMmaRows);
-  const int64_t end = end_key_tile(q0 + kMmaRows - 1, kMmaRows);
+  const int64_t first = first_key_tile(mask, b, q0, kMmaRows);
+  const int64_t end = end_key_tile(mask, q0 + kMmaRows - 1, T, kMmaRows);
   // The document starts of this lane's two rows and of the warp's last row (a padding row
   // past T takes the last token's; the mask hides it anyway).
   int64_t query_start[2];
   for (int half = 0; half < 2; ++half) {
     const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
-    query_start[half] = document_start(documents, b, query < T ? query : T - 1);
+    query_start[half] = document_first_key(mask, b, query < T ? query : T - 1);
   }
   const int64_t warp_last = warp_q0 + kWarpRows - 1;
-  const int64_t warp_last_start = document_start(documents, b, warp_last < T ? warp_last : T - 1);
+  const int64_t warp_last_start = document_first_key(mask, b, warp_last < T ? warp_last : T - 1);
 
   float row_lse[2], row_d[2];  // lse in log2 units; padding rows read nothing
   for (int half = 0; half < 2; ++half) {
@@ -339,12 +340,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     warp_tile_abt<kDim>(dp, do_tile, warp * kWarpRows, v_tile, D);
     const int64_t k0 = key_tile * kMmaRows;
     // Padding rows (query ≥ T) are never written.
-    const bool all_visible = tiles_fully_visible(warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
+    const bool all_visible =
+        tiles_fully_visible(mask, warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
         const int64_t query = warp_q0 + fragment_row(lane, i);
         const int64_t key = k0 + fragment_column(lane, n, i);
-        const float p = all_visible || key_visible(query, query_start[i / 2], key, T)
+        const float p = all_visible || key_visible(mask, query, query_start[i / 2], key, T)
                             ? exp2f(s[n][i] * scale_log2 - row_lse[i / 2])
                             : 0.0f;
         s[n][i] = p * (dp[n][i] - row_d[i / 2]);  // dS
@@ -363,7 +365,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 template <int kDim>
 __device__ void load_query_side(bf16* q_tile, bf16* do_tile, float* stats, int32_t* starts,
                                 const bf16* q, const bf16* dout, const float* lse,
-                                const float* dout_dot_out, const DocumentMask& documents, int h,
+                                const float* dout_dot_out, const AttentionMask& mask, int h,
                                 int64_t b, int64_t q0, const AttentionDims& dims) {
   const int64_t T = dims.seq_len;
   const int64_t q_row_stride = int64_t(dims.q_heads) * dims.dim;
@@ -376,7 +378,7 @@ __device__ void load_query_side(bf16* q_tile, bf16* do_tile, float* stats, int32
     stats[r] = query < T ? lse[stat] * kLog2e : 0.0f;
   } else {
     stats[kMmaRows + r] = query < T ? dout_dot_out[stat] : 0.0f;
-    starts[r] = int32_t(document_start(documents, b, query < T ? query : T - 1));
+    starts[r] = int32_t(document_first_key(mask, b, query < T ? query : T - 1));
   }
 }
 
@@ -388,7 +390,7 @@ template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_dkv_mma_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                              const bf16* v, const float* lse, const float* dout_dot_out,
-                             AttentionDims dims, DocumentMask documents = {}) {
+                             AttentionDims dims, AttentionMask mask = {}) {
   constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
   bf16* k_tile = reinterpret_cast<bf16*>(::ulysses::cuda::dynamic_shared_memory());
   bf16* v_tile = k_tile + kTileElements;
@@ -409,14 +411,15 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t kv_offset = (b * T * dims.kv_heads + kv_h) * D;
   // The loop's steps: (q head of the group, query tile from the first that sees a key here to
   // the last, which holds the end of the document of the tile's last key).
-  const int64_t first = first_query_tile(k0, kMmaRows);
+  const int64_t first = first_query_tile(mask, k0, kMmaRows);
   const int64_t last_key = (k0 + kMmaRows < T ? k0 + kMmaRows : T) - 1;
-  const int64_t per_head = end_query_tile(documents, b, last_key, T, kMmaRows) - first;
+  const int64_t end = end_query_tile(mask, b, last_key, T, kMmaRows);
+  const int64_t per_head = end > first ? end - first : 0;
   const int64_t steps = group * per_head;
 
   copy_tile_async<kDim>(k_tile, k + kv_offset, k0, T, kv_row_stride, D);
   copy_tile_async<kDim>(v_tile, v + kv_offset, k0, T, kv_row_stride, D);
-  load_query_side<kDim>(q_tiles, do_tiles, stats, starts, q, dout, lse, dout_dot_out, documents,
+  load_query_side<kDim>(q_tiles, do_tiles, stats, starts, q, dout, lse, dout_dot_out, mask,
                         kv_h * group, b, first * kMmaRows, dims);
   cp_async_commit();
 
@@ -428,7 +431,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       load_query_side<kDim>(
           q_tiles + (1 - buffer) * kTileElements, do_tiles + (1 - buffer) * kTileElements,
           stats + (1 - buffer) * 2 * kMmaRows, starts + (1 - buffer) * kMmaRows, q, dout, lse,
-          dout_dot_out, documents, int(kv_h * group + (step + 1) / per_head), b,
+          dout_dot_out, mask, int(kv_h * group + (step + 1) / per_head), b,
           (first + (step + 1) % per_head) * kMmaRows, dims);
     cp_async_commit();
     cp_async_wait<1>();
@@ -446,12 +449,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     // Padding query rows (query ≥ T) would add to every key's dK, dV: masked too.
     const bool all_visible =
         q0 + kMmaRows <= T &&
-        tiles_fully_visible(q0, start_row[kMmaRows - 1], warp_k0, warp_k0 + kWarpRows - 1);
+        tiles_fully_visible(mask, q0, start_row[kMmaRows - 1], warp_k0, warp_k0 + kWarpRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
         const int column = fragment_column(lane, n, i);
         const int64_t key = warp_k0 + fragment_row(lane, i), query = q0 + column;
-        const float p = all_visible || key_visible(query, start_row[column], key, T)
+        const float p = all_visible || key_visible(mask, query, start_row[column], key, T)
                             ? exp2f(s[n][i] * scale_log2 - lse_row[column])
                             : 0.0f;
         s[n][i] = p;

@@ -103,6 +103,26 @@ class CudaBackend final : public Backend {
                                const Tensor& dout, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& out, const Tensor& lse,
                                const Documents& documents) override;
+  void attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                    const Tensor& k, const Tensor& v, int64_t q_first,
+                                    int64_t k_first, bool merge,
+                                    const Documents& documents) override;
+  void attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                     const Tensor& dout, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     int64_t q_first, int64_t k_first,
+                                     const Documents& documents) override;
+  // Attention over queries at positions q_first.. and keys at k_first.. (0 and 0: the whole
+  // attention), written over out and lse, or dq, dk and dv: cuDNN's graphs where they fit the
+  // block, else the native kernels (kernels/cuda/cuda_attention.cu). op names errors.
+  void attention_into(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                      const Tensor& v, int64_t q_first, int64_t k_first, const Documents& documents,
+                      const char* op);
+  void attention_gradients_into(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const Tensor& dout, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const Tensor& lse,
+                                int64_t q_first, int64_t k_first, const Documents& documents,
+                                const char* op);
 
   LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                int64_t tile_rows, float grad_scale, const Tensor& dhidden,

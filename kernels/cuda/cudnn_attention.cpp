@@ -50,15 +50,17 @@ int64_t deterministic_workspace_limit(const AttentionShape& s) {
   return cudnn_attention_workspace_bound(s.batch, s.q_heads, s.seq, s.dim);
 }
 
-AttentionShape dims_of(const Tensor& q, const Tensor& k) {
-  return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]};
+AttentionShape dims_of(const Tensor& q, const Tensor& k, bool causal) {
+  return {q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], causal};
 }
 
 }  // namespace
 
 struct CudnnAttention::Graphs {
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
-  static Key key(const AttentionShape& d) { return {d.batch, d.seq, d.q_heads, d.kv_heads, d.dim}; }
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  static Key key(const AttentionShape& d) {
+    return {d.batch, d.seq, d.q_heads, d.kv_heads, d.dim, d.causal};
+  }
 
   cudnnHandle_t handle = nullptr;
   std::map<Key, GraphBuilder::Plan> forward, backward;
@@ -103,9 +105,9 @@ std::string CudnnAttention::take_graphs_built() {
 }
 
 void CudnnAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v) {
+                             const Tensor& v, bool causal) {
   require_supported(q, k, {&out, &lse, &q, &k, &v}, "attention_forward");
-  const AttentionShape dims = dims_of(q, k);
+  const AttentionShape dims = dims_of(q, k, causal);
   const Graphs::Key key = Graphs::key(dims);
   auto found = graphs_->forward.find(key);
   if (found == graphs_->forward.end()) {
@@ -121,17 +123,22 @@ void CudnnAttention::forward(const Tensor& out, const Tensor& lse, const Tensor&
   float scale = float(1.0 / std::sqrt(double(dims.dim)));
   float negative_infinity = -std::numeric_limits<float>::infinity();
   Buffer workspace = cudnn_workspace(backend_, plan.workspace_bytes, "cuDNN attention forward");
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> pointers = {q.data, k.data, v.data, out.data, lse.data, &scale};
+  if (causal) {  // the −∞ scalar exists only in the masked graph
+    uids.push_back(kNegativeInfinity);
+    pointers.push_back(&negative_infinity);
+  }
   cuda::count_enqueued();
-  cudnn::execute(graphs_->handle, plan.plan, {kQ, kK, kV, kO, kStats, kScale, kNegativeInfinity},
-                 {q.data, k.data, v.data, out.data, lse.data, &scale, &negative_infinity},
-                 workspace.tensor().data, "kernels.attention: cudnn forward");
+  cudnn::execute(graphs_->handle, plan.plan, uids, pointers, workspace.tensor().data,
+                 "kernels.attention: cudnn forward");
 }
 
 void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse) {
+                              const Tensor& out, const Tensor& lse, bool causal) {
   require_supported(q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse}, "attention_backward");
-  const AttentionShape dims = dims_of(q, k);
+  const AttentionShape dims = dims_of(q, k, causal);
   const Graphs::Key key = Graphs::key(dims);
   auto found = graphs_->backward.find(key);
   if (found == graphs_->backward.end()) {
@@ -182,21 +189,14 @@ void CudnnAttention::backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     backend_.fill_zero(dq_accum);  // cudnn-frontend zeroes it only before cuDNN 9.6; be sure
   }
   Buffer workspace = cudnn_workspace(backend_, plan.workspace_bytes, "cuDNN attention backward");
-  std::vector<int64_t> uids = {
-      kQ, kK, kV, kO, kDO, kDQ, kDK, kDV, kStats, kScale, kNegativeInfinity, kOne, kRowDot};
-  std::vector<void*> pointers = {q.data,
-                                 k.data,
-                                 v.data,
-                                 out.data,
-                                 dout.data,
-                                 dq.data,
-                                 dk.data,
-                                 dv.data,
-                                 lse.data,
-                                 &scale,
-                                 &negative_infinity,
-                                 &one,
-                                 row_dot.tensor().data};
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kDQ, kDK, kDV, kStats, kScale, kOne, kRowDot};
+  std::vector<void*> pointers = {q.data,    k.data,  v.data,  out.data,
+                                 dout.data, dq.data, dk.data, dv.data,
+                                 lse.data,  &scale,  &one,    row_dot.tensor().data};
+  if (causal) {
+    uids.push_back(kNegativeInfinity);
+    pointers.push_back(&negative_infinity);
+  }
   if (!deterministic) {
     uids.push_back(kDQAccum);
     pointers.push_back(dq_accum.tensor().data);

@@ -23,11 +23,13 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
+  // causal = false: every query sees every key (a ring attention block whose keys all
+  // precede its queries; kernels/cuda/cudnn_attention_graphs.h).
   void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-               const Tensor& v);
+               const Tensor& v, bool causal = true);
   void backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                const Tensor& lse);
+                const Tensor& lse, bool causal = true);
 
   // The graphs built since the last call and the host time they took, as a phrase for the log
   // ("2 cuDNN graphs in 1.40 s"); empty when none.

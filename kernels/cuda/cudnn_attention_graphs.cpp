@@ -114,9 +114,10 @@ void add_attention_forward(GraphBuilder& builder, const AttentionShape& dims) {
   const Descriptor& v = g.rows(kV, dims.kv_heads);
   const Descriptor& o = g.rows(kO, dims.q_heads);
   const Descriptor& scale = g.scalar(kScale);
-  const Descriptor& negative_infinity = g.scalar(kNegativeInfinity);
 
-  const Descriptor& masked = g.causal_mask(g.scaled_scores(q, k_t, scale), negative_infinity);
+  const Descriptor& scores = g.scaled_scores(q, k_t, scale);
+  const Descriptor& masked =
+      dims.causal ? g.causal_mask(scores, g.scalar(kNegativeInfinity)) : scores;
 
   const Descriptor& row_max = g.per_row(0, true);
   g.builder.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, row_max);
@@ -150,7 +151,6 @@ void add_attention_backward(GraphBuilder& builder, const AttentionShape& dims, b
   const Descriptor& dv = g.rows(kDV, hkv);
   const Descriptor& stats = g.per_row(kStats, false);
   const Descriptor& scale = g.scalar(kScale);
-  const Descriptor& negative_infinity = g.scalar(kNegativeInfinity);
   const Descriptor& one = g.scalar(kOne);
 
   // rowsum(dO ∘ O), kept in memory the caller provides.
@@ -165,7 +165,8 @@ void add_attention_backward(GraphBuilder& builder, const AttentionShape& dims, b
   // P, masked after the log-sum-exp is taken off and before the exponential.
   const Descriptor& shifted = g.scores(CUDNN_DATA_FLOAT);
   g.builder.pointwise(CUDNN_POINTWISE_SUB, g.scaled_scores(q, k_t, scale), &stats, shifted);
-  const Descriptor& masked = g.causal_mask(shifted, negative_infinity);
+  const Descriptor& masked =
+      dims.causal ? g.causal_mask(shifted, g.scalar(kNegativeInfinity)) : shifted;
   const Descriptor& p = g.scores(CUDNN_DATA_FLOAT);
   g.builder.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, p);
 

@@ -10,9 +10,12 @@
 
 namespace ulysses::cudnn {
 
-// q, k, v, o and their gradients are [batch, seq, heads, dim] in memory.
+// q, k, v, o and their gradients are [batch, seq, heads, dim] in memory. causal = false: every
+// query sees every key (a block of ring attention whose keys all precede its queries,
+// docs/parallelism.md "Ulysses × ring"); the graphs then have no mask and no −∞ scalar.
 struct AttentionShape {
   int64_t batch, seq, q_heads, kv_heads, dim;
+  bool causal = true;
 };
 
 // Unique ids of the tensors the caller binds when it executes a plan.
@@ -35,10 +38,11 @@ enum : int64_t {
 };
 }  // namespace attention_uid
 
-// O = softmax(scale · Q·Kᵀ, causal) · V, and Stats = each row's log-sum-exp.
+// O = softmax(scale · Q·Kᵀ, causal unless shape.causal is false) · V, and Stats = each row's
+// log-sum-exp.
 void add_attention_forward(GraphBuilder& builder, const AttentionShape& shape);
 
-// dQ, dK, dV from dO, recomputing P = exp(scale · Q·Kᵀ − Stats) under the causal mask. With
+// dQ, dK, dV from dO, recomputing P = exp(scale · Q·Kᵀ − Stats) under the mask. With
 // deterministic, dQ comes straight from its matmul (cuDNN then takes its deterministic
 // algorithm); otherwise through the f32 accumulator and a cast, cuDNN's default.
 void add_attention_backward(GraphBuilder& builder, const AttentionShape& shape, bool deterministic);

@@ -1,9 +1,9 @@
-// Ulysses sp = 2 on one GPU: two ranks share the device and exchange their bf16 activations and
-// fp32 gradients through StagedComm over MPI. Three AdamW steps give the losses and the
-// gradients of one rank training the same batch on the same GPU, within bf16 tolerances: the
-// split changes GEMM shapes (and so cuBLASLt's summation order), not the maths. Skipped, with
-// the reason, without a GPU. The same run on the cpu backend checks the staging path of the
-// trainer everywhere.
+// Ulysses sp = 2 on one GPU, and Ulysses 1 × ring 2: two ranks share the device and exchange
+// their bf16 activations and fp32 gradients through StagedComm over MPI. Three AdamW steps give the
+// losses and the gradients of one rank training the same batch on the same GPU, within bf16
+// tolerances: the split changes GEMM shapes (and so cuBLASLt's summation order), not the maths.
+// Skipped, with the reason, without a GPU. The same run on the cpu backend checks the staging path
+// of the trainer everywhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,22 +26,22 @@ using testing::MpiTest;
 
 class StagedTraining : public MpiTest, public ::testing::WithParamInterface<BackendKind> {};
 
-TEST_P(StagedTraining, SpTwoOnOneDeviceMatchesOneRank) {
-  if (world().size() != 2) GTEST_SKIP() << "runs on exactly 2 ranks (sp = 2 on one device)";
+// Trains `distributed` (sp = 2) through a StagedComm over the two ranks and one rank alone
+// through a StagedComm of its own, three AdamW steps each.
+void expect_staged_matches_one_rank(BackendKind kind, Config distributed) {
   std::unique_ptr<Backend> backend;
   try {
-    backend = make_backend(GetParam(), 0);
+    backend = make_backend(kind, 0);
   } catch (const DeviceUnavailableError& error) {
     GTEST_SKIP() << error.what();
   }
   backend->set_num_threads(1);
-  Config distributed = testing::tiny_training_config("llama", 2, 2, 2);
   Config single = testing::tiny_training_config("llama", 2, 1, 2);
-  distributed.device = single.device = GetParam();
+  distributed.device = single.device = kind;
 
   StagedComm alone(make_local_comm(), *backend);
   const testing::TrainingOutcome reference = testing::train_on(*backend, single, alone, 3);
-  StagedComm pair(world().split(0, world().rank(), "world"), *backend);
+  StagedComm pair(testing::mpi_world().split(0, testing::mpi_world().rank(), "world"), *backend);
   const testing::TrainingOutcome outcome = testing::train_on(*backend, distributed, pair, 3);
 
   for (int i = 0; i < 3; ++i)
@@ -57,6 +57,21 @@ TEST_P(StagedTraining, SpTwoOnOneDeviceMatchesOneRank) {
   // The gradients were reduced through the staged world (the all-to-alls run on its sp split).
   EXPECT_GT(pair.stats().reduce_bytes, 0);
   EXPECT_GT(pair.staging_bytes(), 0u);
+}
+
+TEST_P(StagedTraining, SpTwoOnOneDeviceMatchesOneRank) {
+  if (world().size() != 2) GTEST_SKIP() << "runs on exactly 2 ranks (sp = 2 on one device)";
+  expect_staged_matches_one_rank(GetParam(), testing::tiny_training_config("llama", 2, 2, 2));
+}
+
+// Ulysses 1 × ring 2 (docs/parallelism.md, "Ulysses × ring"): the ring's point to point goes
+// through StagedComm::send_recv_async and, on cuda, its blocks through the CUDA backend's
+// block attention (the base Comm would throw: no point to point).
+TEST_P(StagedTraining, RingTwoOnOneDeviceMatchesOneRank) {
+  if (world().size() != 2) GTEST_SKIP() << "runs on exactly 2 ranks (ring = 2 on one device)";
+  Config ring = testing::tiny_training_config("llama", 2, 2, 2);
+  ring.parallel.ring = 2;
+  expect_staged_matches_one_rank(GetParam(), ring);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StagedTraining,
