@@ -1,5 +1,5 @@
 // What every ulysses-train command shares on its command line (the job itself runs through
-// core/run_on_world.h): --color, and the checks of number and path options.
+// core/jobs/run_on_world.h): --color, and the checks of number and path options.
 #pragma once
 
 #include <CLI/CLI.hpp>

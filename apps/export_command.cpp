@@ -6,9 +6,9 @@
 #include <string>
 
 #include "apps/common_options.h"
-#include "core/export_job.h"
-#include "core/job_errors.h"
-#include "core/log_setup.h"
+#include "core/jobs/export_job.h"
+#include "core/jobs/job_errors.h"
+#include "core/report/log_setup.h"
 
 namespace ulysses {
 

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "apps/common_options.h"
-#include "core/job_errors.h"
-#include "core/plan_report.h"
-#include "core/plan_search.h"
+#include "core/jobs/job_errors.h"
+#include "core/plan/plan_report.h"
+#include "core/plan/plan_search.h"
 
 namespace ulysses {
 

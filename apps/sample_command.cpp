@@ -6,9 +6,9 @@
 
 #include "apps/common_options.h"
 #include "apps/weight_source_options.h"
-#include "core/job_errors.h"
-#include "core/run_on_world.h"
-#include "core/sample_job.h"
+#include "core/jobs/run_on_world.h"
+#include "core/jobs/sample_job.h"
+#include "parallel/exit_code.h"
 
 namespace ulysses {
 

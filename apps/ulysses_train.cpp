@@ -1,4 +1,4 @@
-// ulysses-train: parses the command line, runs the job (core/run_job.h) and turns any error
+// ulysses-train: parses the command line, runs the job (core/jobs/run_job.h) and turns any error
 // into a logged message and an exit status on every rank (docs/failures.md).
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -8,11 +8,11 @@
 #include "apps/export_command.h"
 #include "apps/plan_command.h"
 #include "apps/sample_command.h"
-#include "core/config.h"
-#include "core/job_errors.h"
-#include "core/log_setup.h"
-#include "core/run_job.h"
-#include "core/run_on_world.h"
+#include "core/config/config.h"
+#include "core/jobs/run_job.h"
+#include "core/jobs/run_on_world.h"
+#include "core/report/log_setup.h"
+#include "parallel/exit_code.h"
 
 int main(int argc, char** argv) {
   using namespace ulysses;

@@ -1,11 +1,11 @@
 // --checkpoint and --init-from, shared by `ulysses-train eval` and `sample`: where the
-// weights come from (core/weights_source.h). Exactly one must be given.
+// weights come from (core/checkpoint/weights_source.h). Exactly one must be given.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "core/weights_source.h"
+#include "core/checkpoint/weights_source.h"
 
 namespace ulysses {
 

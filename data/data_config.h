@@ -6,7 +6,7 @@
 
 namespace ulysses {
 
-// The YAML spellings of each enum in its order (name_of), as core/config.h keeps them.
+// The YAML spellings of each enum in its order (name_of), as core/config/config.h keeps them.
 enum class DataSource { synthetic, text, tokens };
 inline const std::vector<std::string> kDataSourceNames = {"synthetic", "text", "tokens"};
 inline const std::string& name_of(DataSource value) {

@@ -10,6 +10,8 @@
 #include <functional>
 #include <string>
 
+#include "parallel/exit_code.h"
+
 namespace ulysses {
 
 class Watchdog {
@@ -59,8 +61,8 @@ class Watchdog {
   std::function<void(const std::string&)> reporter_;
 };
 
-// Exit status of a job ended by the watchdog (ExitCode::timeout in core/job_errors.h).
-constexpr int kWatchdogExitCode = 4;
+// Exit status of a job ended by the watchdog.
+constexpr int kWatchdogExitCode = int(ExitCode::timeout);
 
 // Polls done() until it returns true. Past the watchdog's limit (none when watchdog is
 // null or its limit is 0), reports and calls on_timeout, which must not return.

@@ -49,7 +49,7 @@ class ZeroState {
 
   // ---- forward and backward ------------------------------------------------------------
   // Storage is passive: these hand out buffers and start collectives, and the step's
-  // schedule (core/model.cpp) decides when each is issued and waited for.
+  // schedule (core/model/model.cpp) decides when each is issued and waited for.
   //
   // Stage 3: starts all-gathering the unit into a free gather slot and returns the handle;
   // nothing to wait for (null) when the weights are whole (stages 0-2) or a free slot still

@@ -11,9 +11,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint.h"
-#include "core/file_util.h"
-#include "core/safetensors.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/file_util.h"
+#include "core/checkpoint/safetensors.h"
 #include "data/token_stream.h"
 #include "tests/testing.h"
 

@@ -1,6 +1,6 @@
-// The checkpoint format module (core/checkpoint_format.h): every field of the manifest and
-// the trainer state is checked on reading, with a message naming the file and the field,
-// and keep_last pruning never removes the checkpoint to go back to.
+// The checkpoint format module (core/checkpoint/checkpoint_format.h): every field of the manifest
+// and the trainer state is checked on reading, with a message naming the file and the field, and
+// keep_last pruning never removes the checkpoint to go back to.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/checkpoint.h"
-#include "core/checkpoint_format.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_format.h"
 #include "tests/testing.h"
 
 namespace ulysses {
@@ -64,7 +64,7 @@ TEST(TrainerStateFormat, ANonFiniteLossIsRecordedAsNone) {
   EXPECT_MENTIONS(trainer_state_json(written), "\"loss\": null");
 }
 
-// The divergence guard's record (core/divergence_guard.h): absent in checkpoints of earlier
+// The divergence guard's record (core/train/divergence_guard.h): absent in checkpoints of earlier
 // builds, read back as written, and checked like every other field.
 TEST(TrainerStateFormat, TheGuardRecordIsOptionalRoundTripsAndIsChecked) {
   const TrainerState older = parse_trainer_state(valid_state().dump(), "t.json");

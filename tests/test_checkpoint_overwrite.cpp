@@ -1,4 +1,4 @@
-// train.checkpoint.overwrite's publishing and its recovery (core/checkpoint_overwrite.h,
+// train.checkpoint.overwrite's publishing and its recovery (core/checkpoint/checkpoint_overwrite.h,
 // docs/checkpoints.md#overwriting): a crash at each point of replacing an earlier run's
 // checkpoints leaves them exactly as they were, or the new checkpoint in place with nothing of
 // theirs left, once the next run has recovered the folder.
@@ -8,9 +8,9 @@
 #include <map>
 #include <string>
 
-#include "core/checkpoint_format.h"
-#include "core/checkpoint_overwrite.h"
-#include "core/file_util.h"
+#include "core/checkpoint/checkpoint_format.h"
+#include "core/checkpoint/checkpoint_overwrite.h"
+#include "core/checkpoint/file_util.h"
 #include "tests/testing.h"
 
 namespace ulysses {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "tests/testing.h"
 
 namespace ulysses {

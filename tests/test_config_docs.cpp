@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "core/config.h"
+#include "core/config/config.h"
 
 namespace ulysses {
 namespace {
@@ -82,7 +82,8 @@ TEST(ConfigDocs, KeyTablesAreTheOnesTheKeyTableGenerates) {
   ASSERT_LT(begin, end);
   EXPECT_EQ(docs.substr(begin, end - begin), config_reference_markdown() + "\n")
       << "the key tables of docs/configuration.md differ from the config's key table "
-         "(core/config.cpp); replace them with the output of `ulysses-train config-reference`";
+         "(core/config/config.cpp); replace them with the output of `ulysses-train "
+         "config-reference`";
 }
 
 }  // namespace

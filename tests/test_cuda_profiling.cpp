@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/step_report.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/report/step_report.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "parallel/local_comm.h"

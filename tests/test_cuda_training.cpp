@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "kernels/backend.h"
 #include "testing.h"
 #include "tests/training_comparison.h"

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/evaluate.h"
-#include "core/seq_len_schedule.h"
+#include "core/config/config.h"
+#include "core/config/seq_len_schedule.h"
+#include "core/train/evaluate.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
 #include "tests/testing.h"

@@ -1,4 +1,4 @@
-// The divergence guard (core/divergence_guard.h, docs/failures.md#loss-spikes): which losses
+// The divergence guard (core/train/divergence_guard.h, docs/failures.md#loss-spikes): which losses
 // are spikes, and which checkpoint is the one to go back to: the newest whose weights a normal
 // step measured (a step's loss measures the weights the step before it left).
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "core/divergence_guard.h"
+#include "core/train/divergence_guard.h"
 #include "tests/testing.h"
 
 namespace ulysses {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/evaluate.h"
+#include "core/train/evaluate.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
 #include "data/token_stream.h"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint_format.h"
+#include "core/checkpoint/checkpoint_format.h"
 #include "data/token_stream.h"
 #include "tests/testing.h"
 

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/log_setup.h"
+#include "core/report/log_setup.h"
 #include "tests/testing.h"
 
 namespace ulysses {

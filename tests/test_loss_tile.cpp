@@ -2,8 +2,8 @@
 // the tallest tile up to 4096 rows whose buffers take at most 1/128 of the memory limit.
 #include <gtest/gtest.h>
 
-#include "core/config.h"
-#include "core/model.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
 #include "kernels/op_scratch.h"
 #include "kernels/planning_backend.h"
 #include "parallel/local_comm.h"

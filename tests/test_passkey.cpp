@@ -4,7 +4,7 @@
 // eval (64 sequences) after the last of the 500 steps rather than one every 100: the same
 // task, model and schedule at about half the cost. On this machine the one-rank run reaches
 // 100% at steps 450 and 500 with seeds 1 to 4 (measured with the counter-based initial
-// weights of core/param_init.h).
+// weights of core/model/param_init.h).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "data/dataset.h"
 #include "tests/testing.h"
 

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/step_report.h"
-#include "core/trace_file.h"
+#include "core/report/step_report.h"
+#include "core/report/trace_file.h"
 #include "kernels/profiler.h"
 #include "parallel/comm.h"
 #include "tests/testing.h"

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "core/config.h"
-#include "core/model.h"
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "tests/testing.h"

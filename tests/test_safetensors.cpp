@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 #include "tests/testing.h"
 
 namespace ulysses {

@@ -1,10 +1,10 @@
-// TokenSampler (core/sampler.h) on hand-made logits: greedy, top-k, temperature and seeds.
+// TokenSampler (core/train/sampler.h) on hand-made logits: greedy, top-k, temperature and seeds.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "core/sampler.h"
+#include "core/train/sampler.h"
 
 namespace ulysses {
 namespace {

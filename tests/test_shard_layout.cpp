@@ -1,11 +1,11 @@
-// How ZeRO cuts the flat parameter buffer (parallel/shard_layout.h, core/params.h): blocks,
+// How ZeRO cuts the flat parameter buffer (parallel/shard_layout.h, core/model/params.h): blocks,
 // padding, the three spaces, the owned segments, and units derived from the table.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 
-#include "core/config.h"
-#include "core/params.h"
+#include "core/config/config.h"
+#include "core/model/params.h"
 #include "parallel/shard_layout.h"
 
 namespace ulysses {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/config.h"
-#include "core/model.h"
-#include "core/optimizer.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
+#include "core/train/optimizer.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "parallel/comm.h"

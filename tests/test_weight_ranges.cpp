@@ -12,10 +12,10 @@
 #include <functional>
 #include <iterator>
 
-#include "core/param_init.h"
-#include "core/params.h"
-#include "core/safetensors.h"
-#include "core/safetensors_placed.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/safetensors_placed.h"
+#include "core/model/param_init.h"
+#include "core/model/params.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "parallel/local_comm.h"

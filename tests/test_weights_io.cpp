@@ -11,12 +11,12 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "core/checkpoint.h"
-#include "core/config.h"
-#include "core/model.h"
-#include "core/safetensors.h"
-#include "core/weights_io.h"
-#include "core/weights_io_formats.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/weights_io.h"
+#include "core/checkpoint/weights_io_formats.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
 #include "data/token_stream.h"
 #include "kernels/backend.h"
 #include "parallel/comm.h"

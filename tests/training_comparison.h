@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/model.h"
-#include "core/optimizer.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
+#include "core/train/optimizer.h"
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 
@@ -80,7 +80,8 @@ inline std::vector<StepOutcome> train_steps(Backend& backend, const Config& conf
     outcome.loss = loss.loss_sum / double(loss.count);
     outcome.grads.resize(size_t(model.num_params()));
     model.download_gradients(outcome.grads.data());
-    // As the trainer's step (core/trainer.cpp): reduce, update, then refresh the compute copy.
+    // As the trainer's step (core/train/trainer.cpp): reduce, update, then refresh the compute
+    // copy.
     model.state().reduce_gradients();
     optimizer.update(model.state().master(), model.state().gradient_shard(), float(config.train.lr),
                      1.0f, step);

@@ -1,5 +1,5 @@
 // libFuzzer target: the checkpoint manifest and trainer_state readers
-// (core/checkpoint_format.h). The input is one JSON file, given to parse_manifest and to
+// (core/checkpoint/checkpoint_format.h). The input is one JSON file, given to parse_manifest and to
 // parse_trainer_state. What either accepts must write back (manifest_json,
 // trainer_state_json) to text it reads again to the same values. Only CheckpointError is an
 // expected outcome.
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/checkpoint_format.h"
+#include "core/checkpoint/checkpoint_format.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

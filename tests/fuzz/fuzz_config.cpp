@@ -1,4 +1,4 @@
-// libFuzzer target: the YAML config loader (core/config.h). The input is
+// libFuzzer target: the YAML config loader (core/config/config.h). The input is
 //   [override NUL]... yaml
 // every NUL-terminated piece before the last NUL is an "a.b=value" override (at most 8), the
 // rest is the YAML text, so the override parser is fuzzed together with the file parser.
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

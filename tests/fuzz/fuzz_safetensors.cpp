@@ -1,5 +1,5 @@
-// libFuzzer target: the safetensors header reader (core/safetensors.h). The input is a whole
-// file. parse_safetensors_header checks it from the bytes; when it is accepted, the same
+// libFuzzer target: the safetensors header reader (core/checkpoint/safetensors.h). The input is a
+// whole file. parse_safetensors_header checks it from the bytes; when it is accepted, the same
 // bytes go through SafetensorsReader (a memory-mapped scratch file), which must agree, and
 // every tensor is converted with read_f32. Only std::runtime_error is an expected outcome.
 #include <cstddef>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

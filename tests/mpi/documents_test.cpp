@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/evaluate.h"
-#include "core/model.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
+#include "core/train/evaluate.h"
 #include "parallel/head_chunks.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"

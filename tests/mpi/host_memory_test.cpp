@@ -18,7 +18,7 @@
 #include <functional>
 #include <string>
 
-#include "core/trainer.h"
+#include "core/train/trainer.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"
 

@@ -1,8 +1,8 @@
-// Opening a run (core/job_session.h), as every command does before it trains, evaluates or
+// Opening a run (core/jobs/job_session.h), as every command does before it trains, evaluates or
 // samples: the config is loaded and checked on every rank, a bad one or one that differs
 // between ranks ends the job on every rank with the same exit status, the backend is made
 // only when asked, and the mesh splits the world into dp x sp as the config says.
-#include "core/job_session.h"
+#include "core/jobs/job_session.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-#include "core/job_errors.h"
+#include "parallel/exit_code.h"
 #include "tests/mpi/mpi_testing.h"
 
 namespace ulysses {

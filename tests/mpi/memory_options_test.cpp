@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "core/config.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/op_scratch.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/trainer.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"

@@ -12,9 +12,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/config.h"
-#include "core/memory_plan.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/plan/memory_plan.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"

@@ -12,8 +12,8 @@
 #include <map>
 #include <string>
 
-#include "core/config.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/train/trainer.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"

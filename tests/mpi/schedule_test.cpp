@@ -2,7 +2,7 @@
 // arithmetic: losses, gradient norms and weights after 5 steps are bit-identical to values
 // recorded from the code before the schedule existed (tests/mpi/golden/schedule.txt), for
 // sp 1/2/4, ZeRO stages 0-3, with and without layer checkpointing, llama (GQA) and gpt2,
-// on 4 ranks. Re-recorded when the initial weights became counter-based (core/param_init.h;
+// on 4 ranks. Re-recorded when the initial weights became counter-based (core/model/param_init.h;
 // with the earlier weights put back, that code reproduced the values before it bit for bit),
 // and once more when the trainer tests moved to the portable GEMM: the values no longer depend
 // on the GEMM kernels OpenBLAS picks for a CPU (docs/design.md, "Bits that do not depend on the

@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "core/config.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"

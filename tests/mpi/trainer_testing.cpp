@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/trainer.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "parallel/mesh.h"
 

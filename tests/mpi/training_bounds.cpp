@@ -6,7 +6,7 @@
 #include <cmath>
 #include <map>
 
-#include "core/optimizer.h"
+#include "core/train/optimizer.h"
 #include "kernels/op_formulas.h"
 
 namespace ulysses::testing {

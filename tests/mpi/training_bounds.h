@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "tests/mpi/trainer_testing.h"
 
 namespace ulysses::testing {

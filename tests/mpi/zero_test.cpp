@@ -10,8 +10,8 @@
 #include <map>
 #include <utility>
 
-#include "core/config.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"

@@ -1,0 +1,509 @@
+#include "core/checkpoint/checkpoint.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/checkpoint/checkpoint_overwrite.h"
+#include "core/checkpoint/checkpoint_weights.h"
+#include "core/checkpoint/file_util.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/safetensors_placed.h"
+#include "parallel/agreement.h"
+#include "parallel/watchdog.h"
+
+namespace ulysses {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// The flat ranges an optimizer file holds, in the order its tensors pack them: metadata
+// "ranges" ([[begin, end], ...]), or "begin"/"end" (one range, files before ZeRO units).
+std::vector<std::pair<int64_t, int64_t>> optimizer_file_ranges(const SafetensorsReader& file,
+                                                               int64_t total) {
+  const std::map<std::string, std::string>& metadata = file.metadata();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (metadata.count("ranges")) {
+    const json list = json::parse(metadata.at("ranges"), nullptr, false);
+    if (!list.is_array())
+      throw CheckpointError("'" + file.path() + "': metadata ranges is not a list");
+    for (const json& range : list) {
+      if (!range.is_array() || range.size() != 2 || !range[0].is_number_integer() ||
+          !range[1].is_number_integer())
+        throw CheckpointError("'" + file.path() +
+                              "': a range is not [begin, end]: " + range.dump());
+      ranges.emplace_back(range[0].get<int64_t>(), range[1].get<int64_t>());
+    }
+  } else if (metadata.count("begin") && metadata.count("end")) {
+    auto integer = [&](const char* key) {
+      const std::string& text = metadata.at(key);
+      char* end = nullptr;
+      errno = 0;
+      const long long value = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE)
+        throw CheckpointError("'" + file.path() + "': metadata " + key + " '" + text +
+                              "' is not an integer");
+      return int64_t(value);
+    };
+    ranges.emplace_back(integer("begin"), integer("end"));
+  } else {
+    throw CheckpointError("'" + file.path() +
+                          "' has no \"ranges\" metadata: it is not an optimizer state file");
+  }
+  int64_t previous_end = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin < previous_end || end > total || begin > end)
+      throw CheckpointError("'" + file.path() + "' covers elements [" + std::to_string(begin) +
+                            ", " + std::to_string(end) + ") of a model with " +
+                            std::to_string(total) + " (ranges must be in order and inside)");
+    previous_end = end;
+  }
+  return ranges;
+}
+
+// What rank 0 found in the checkpoint folder before the first step: "" when all is well.
+// `replaced` gets the step folders this run replaces (train.checkpoint.overwrite).
+std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
+                                   const std::string& resume_folder,
+                                   std::vector<std::string>& replaced) {
+  const std::string& dir = checkpoint.dir;
+  const auto folders = checkpoint_step_folders(dir);
+  const std::string newest = find_latest_checkpoint(dir);
+  if (resume_folder.empty() && !folders.empty()) {
+    const std::string newest_name = fs::path(folders.front().second).filename().string();
+    if (!checkpoint.overwrite && newest.empty())
+      return "train.checkpoint.dir '" + dir +
+             "' holds step folders of an earlier run (newest: " + newest_name +
+             ") but none is intact, so there is nothing to resume and this run would " +
+             "overwrite them; to start over and replace them set train.checkpoint.overwrite: " +
+             "true, or choose another train.checkpoint.dir";
+    if (!checkpoint.overwrite)
+      return "train.checkpoint.dir '" + dir + "' already holds checkpoints of an earlier run " +
+             "(newest: " + newest_name + ") and this run starts fresh, so it would overwrite " +
+             "them. To continue that run use --resume auto; to start over and replace them " +
+             "set train.checkpoint.overwrite: true; or choose another train.checkpoint.dir";
+    for (const auto& [step, folder] : folders) replaced.push_back(folder);
+    spdlog::warn(
+        "train.checkpoint.overwrite: this run replaces the {} checkpoint(s) of an earlier run in "
+        "{} (newest: {}); they stay until it has written and verified its first checkpoint",
+        folders.size(), dir, newest_name);
+  }
+  if (!resume_folder.empty() && !newest.empty() &&
+      fs::weakly_canonical(newest) != fs::weakly_canonical(resume_folder)) {
+    const int64_t resume_step = read_trainer_state(resume_folder).step;
+    const int64_t newest_step = read_trainer_state(newest).step;
+    if (newest_step > resume_step && !checkpoint.overwrite)
+      return "this run resumes from step " + std::to_string(resume_step) + " (" + resume_folder +
+             ") but train.checkpoint.dir '" + dir + "' holds a newer intact checkpoint (" + newest +
+             ", step " + std::to_string(newest_step) +
+             ") that it would overwrite. To continue from the newest use --resume auto; to go " +
+             "back to step " + std::to_string(resume_step) + " and replace the newer " +
+             "checkpoints set train.checkpoint.overwrite: true (they stay until this run has " +
+             "written and verified its first checkpoint); or choose another " +
+             "train.checkpoint.dir";
+    if (newest_step > resume_step) {
+      for (const auto& [step, folder] : folders)
+        if (step > resume_step) replaced.push_back(folder);
+      spdlog::warn(
+          "train.checkpoint.overwrite: this run resumes from step {} and replaces the {} newer "
+          "checkpoint(s) in {} (newest: {}); they stay until it has written and verified its "
+          "first checkpoint",
+          resume_step, replaced.size(), dir, fs::path(newest).filename().string());
+    }
+  }
+  // `latest` follows the folders (docs/checkpoints.md): repointed where it lags behind them,
+  // unless this run replaces them anyway.
+  if (replaced.empty() && !newest.empty()) {
+    std::string latest;
+    try {
+      latest = read_latest_name(dir);
+    } catch (const CheckpointError&) {
+    }
+    const std::string newest_name = fs::path(newest).filename().string();
+    if (latest != newest_name) {
+      point_latest_at(dir, newest_name);
+      spdlog::info("{}/latest now names {}, the newest intact checkpoint", dir, newest_name);
+    }
+  }
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error || !fs::is_directory(dir))
+    return "train.checkpoint.dir '" + dir +
+           "' cannot be created: " + (error ? error.message() : "a file of that name exists");
+  return "";
+}
+
+}  // namespace
+
+void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir) {
+  if (checkpoint_dir.empty()) return;
+  Watchdog::SlowWork slow(world.watchdog().get(), "recovering the checkpoint folder");
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      const std::string done = recover_interrupted_overwrite(checkpoint_dir);
+      if (!done.empty()) spdlog::warn("{}", done);
+    } catch (const std::exception& problem) {
+      error = problem.what();
+    }
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
+}
+
+std::string agree_resume_folder(Comm& world, const std::string& resume,
+                                const std::string& checkpoint_dir) {
+  std::string folder, error;
+  if (world.rank() == 0) {
+    Watchdog::SlowWork slow(world.watchdog().get(), "finding the checkpoint to resume");
+    try {
+      if (resume == "auto") {
+        if (checkpoint_dir.empty())
+          error = "--resume auto needs train.checkpoint.dir in the config";
+        else
+          folder = find_latest_checkpoint(checkpoint_dir);
+        if (error.empty() && folder.empty())
+          spdlog::info("--resume auto: no checkpoint in {} yet, starting from step 0",
+                       checkpoint_dir);
+      } else {
+        folder = checkpoint_in(resume);
+        if (folder.empty()) error = "--resume: " + why_no_checkpoint_in(resume);
+      }
+    } catch (const std::exception& problem) {
+      error = "--resume " + resume + ": " + problem.what();
+    }
+  }
+  {
+    Watchdog::SlowWork slow(world.watchdog().get(), "finding the checkpoint to resume");
+    agree_on_failure(world, error, ExitCode::bad_input);
+  }
+  broadcast_string(world, folder, 0);
+  return folder;
+}
+
+std::vector<std::string> prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
+                                                const std::string& resume_folder) {
+  std::vector<std::string> replaced;
+  if (checkpoint.dir.empty()) return replaced;
+  Watchdog::SlowWork slow(world.watchdog().get(), "preparing the checkpoint folder");
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      error = inspect_checkpoint_dir(checkpoint, resume_folder, replaced);
+    } catch (const std::exception& problem) {
+      error = "train.checkpoint.dir '" + checkpoint.dir + "': " + problem.what();
+    }
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
+  // Every rank writes into step folders (its optimizer shard): each proves it can.
+  const std::string probe = checkpoint.dir + "/.write-test-rank" + std::to_string(world.rank());
+  try {
+    write_file_durably(probe, "ulysses write test\n");
+    fs::remove(probe);
+  } catch (const std::exception& problem) {
+    error = "train.checkpoint.dir '" + checkpoint.dir + "' is not writable from rank " +
+            std::to_string(world.rank()) + ": " + problem.what();
+  }
+  agree_on_failure(world, error, ExitCode::bad_input);
+  return replaced;
+}
+
+Checkpointer::Checkpointer(const Config& config, Backend& backend, Comm& world)
+    : config_(config), backend_(backend), world_(world) {}
+
+bool Checkpointer::training_state_is_finite(const ZeroState& state,
+                                            const OptimizerMoments& optimizer) {
+  // A sum of squares in double is finite exactly when every f32 element is.
+  double sum = backend_.sum_squares(state.master()) + backend_.sum_squares(optimizer.first) +
+               backend_.sum_squares(optimizer.second);
+  double nonfinite = std::isfinite(sum) ? 0.0 : 1.0;
+  world_.all_reduce_host(&nonfinite, 1, ReduceOp::max);
+  return nonfinite == 0.0;
+}
+
+void Checkpointer::replace_after_first_save(std::vector<std::string> folders) {
+  replaced_ = std::move(folders);
+}
+
+std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
+                               const OptimizerMoments& optimizer) {
+  const int64_t step = progress.step;
+  if (!training_state_is_finite(model.state(), optimizer))
+    throw JobError(ExitCode::nonfinite,
+                   "not saving step " + std::to_string(step) +
+                       ": the weights or optimizer moments hold NaN or infinite values; the "
+                       "checkpoints already written are kept. " +
+                       (progress.good_folder.empty()
+                            ? std::string("None of them was measured by a normal step after it: "
+                                          "start again with a lower train.lr or a "
+                                          "train.grad_clip")
+                            : "The newest saved before the trouble began is " +
+                                  progress.good_folder + " (docs/failures.md)"),
+                   world_.rank() == 0);
+  Watchdog::SlowWork slow(world_.watchdog().get(), "writing a checkpoint");
+  const std::string dir = config_.train.checkpoint.dir;
+  const std::string name = checkpoint_folder_name(step);
+  const std::string final_path = dir + "/" + name;
+  const std::string temp_path = dir + "/.tmp-" + name;
+  const ParamTable& table = model.table();
+  const int64_t total = table.total_numel();
+  if (world_.rank() == 0) {
+    fs::create_directories(dir);
+    fs::remove_all(temp_path);
+    fs::create_directory(temp_path);
+  }
+  world_.barrier();
+
+  // Optimizer state as flat ranges of the parameter buffer, one file per shard (ZeRO: one
+  // per rank; otherwise rank 0 writes the whole range), so that a run with another world
+  // size or stage can take any range from any file.
+  const bool sharded = model.state().layout().world() > 1;
+  const int shards = sharded ? world_.size() : 1;
+  // Pieces of at most one unit travel through the host (docs/memory.md, "Host memory per rank").
+  const int64_t piece = model.state().host_piece();
+  const bool writes = sharded || world_.rank() == 0;
+  const int shard = sharded ? world_.rank() : 0;
+  // Each optimizer file's checksum is computed by the rank that wrote it; rank 0 collects
+  // them for the manifest (CRC-32 and sizes are exact in a double).
+  std::vector<double> optimizer_crcs(size_t(2 * shards), 0.0);
+  if (writes) {
+    json ranges = json::array();
+    int64_t count = 0;
+    for (const ShardSegment& segment : optimizer.segments) {
+      ranges.push_back({segment.begin, segment.end});
+      count += segment.size();
+    }
+    const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
+    const std::string header = placed_safetensors_header(
+        {{"exp_avg", {count}}, {"exp_avg_sq", {count}}},
+        {{"ranges", ranges.dump()}, {"total", std::to_string(total)}}, path);
+    create_placed_safetensors(path, header, 2 * uint64_t(count) * sizeof(float));
+    PlacedSafetensorsWriter moments(path, header.size());
+    std::vector<float> host;
+    int64_t packed = 0;  // where the segment starts in the file's tensors
+    for (const ShardSegment& segment : optimizer.segments) {
+      for (int64_t done = 0; done < segment.size(); done += piece) {
+        const int64_t n = std::min(piece, segment.size() - done);
+        host.resize(size_t(n));
+        backend_.download(host.data(), optimizer.first.flat_range(segment.shard_begin + done, n));
+        moments.write(packed + done, n, host.data());
+        backend_.download(host.data(), optimizer.second.flat_range(segment.shard_begin + done, n));
+        moments.write(count + packed + done, n, host.data());
+      }
+      packed += segment.size();
+    }
+    moments.finish();
+    optimizer_crcs[size_t(2 * shard)] = double(crc32_of_file(path));
+    optimizer_crcs[size_t(2 * shard + 1)] = double(fs::file_size(path));
+  }
+  world_.all_reduce_host(optimizer_crcs.data(), int(optimizer_crcs.size()), ReduceOp::sum);
+  // The weights file: rank 0 creates it, then each rank writes the master weights it
+  // stores at their offsets, one unit at a time (docs/checkpoints.md, "Writing the weights").
+  const std::string weights_path = temp_path + "/" + kCheckpointModelFile;
+  const std::string header =
+      checkpoint_weights_header(table, step, name_of(config_.model.family), weights_path);
+  if (world_.rank() == 0)
+    create_placed_safetensors(weights_path, header, uint64_t(total) * sizeof(float));
+  world_.barrier();
+  if (writes) {
+    PlacedSafetensorsWriter weights(weights_path, header.size());
+    model.state().download_stored_weights([&](int64_t begin, int64_t count, const float* values) {
+      weights.write(begin, count, values);
+    });
+    weights.finish();
+  }
+  world_.barrier();
+
+  if (world_.rank() == 0) {
+    TrainerState state;
+    state.step = step;
+    state.sequences_per_step = int64_t(config_.train.grad_accum) * config_.train.batch_size *
+                               (world_.size() / config_.parallel.sp);
+    state.loss = progress.loss;
+    state.guard = progress.guard;
+    state.world_size = world_.size();
+    state.sp = config_.parallel.sp;
+    state.zero_stage = model.state().stage();
+    state.model.model = config_.model;
+    state.model.rope_theta = config_.model.rope_theta;
+    state.model.norm_eps = config_.model.norm_eps;
+    for (int i = 0; i < shards; ++i)
+      state.optimizer_shards.push_back(optimizer_file_name(i, shards));
+    write_file_durably(temp_path + "/" + kCheckpointStateFile, trainer_state_json(state));
+
+    CheckpointManifest manifest;
+    manifest.step = step;
+    for (int i = 0; i < shards; ++i)
+      manifest.files.push_back({state.optimizer_shards[size_t(i)],
+                                uint64_t(optimizer_crcs[size_t(2 * i + 1)]),
+                                uint32_t(optimizer_crcs[size_t(2 * i)])});
+    for (const std::string file : {kCheckpointModelFile, kCheckpointStateFile}) {
+      const std::string path = temp_path + "/" + file;
+      manifest.files.push_back({file, uint64_t(fs::file_size(path)), crc32_of_file(path)});
+    }
+    write_file_durably(temp_path + "/" + kCheckpointManifestFile, manifest_json(manifest));
+    fsync_directory(temp_path);
+
+    // The checkpoints this run replaces go only once its own is proven: read back and
+    // checked against its manifest (docs/checkpoints.md#overwriting).
+    const bool replacing = !replaced_.empty();
+    if (replacing) {
+      verify_checkpoint(temp_path);
+      move_replaced_aside(dir, replaced_, name);
+    }
+    // A folder of the same step (a rerun) is moved aside, never half-replaced.
+    const std::string old_path = dir + "/.old-" + name;
+    fs::remove_all(old_path);
+    if (fs::exists(final_path)) rename_or_throw(final_path, old_path);
+    rename_or_throw(temp_path, final_path);
+    fsync_directory(dir);
+    point_latest_at(dir, name);
+    fs::remove_all(old_path);
+    if (replacing) {
+      delete_replaced(dir);
+      spdlog::info(
+          "train.checkpoint.overwrite: {} is written and verified; deleted the {} checkpoint(s) "
+          "it replaces",
+          name, replaced_.size());
+      replaced_.clear();
+    }
+    prune(final_path, progress.good_folder);
+  }
+  world_.barrier();
+  return final_path;
+}
+
+std::vector<std::string> folders_to_prune(const std::vector<std::string>& newest_first,
+                                          int keep_last, const std::string& just_written,
+                                          const std::string& good_folder) {
+  std::vector<std::string> removed;
+  if (keep_last <= 0) return removed;
+  for (size_t i = size_t(keep_last); i < newest_first.size(); ++i) {
+    const std::string& folder = newest_first[i];
+    if (folder != just_written && folder != good_folder) removed.push_back(folder);
+  }
+  return removed;
+}
+
+void Checkpointer::prune(const std::string& just_written, const std::string& good_folder) {
+  const int keep = config_.train.checkpoint.keep_last;
+  if (keep <= 0) return;
+  std::vector<std::string> folders;
+  for (const auto& [step, folder] : checkpoint_step_folders(config_.train.checkpoint.dir))
+    folders.push_back(folder);
+  // The good folder as the trainer names it may be spelled otherwise (a resumed run's path).
+  std::error_code error;
+  for (const std::string& folder : folders_to_prune(folders, keep, just_written, good_folder))
+    if (good_folder.empty() || !fs::equivalent(folder, good_folder, error)) fs::remove_all(folder);
+}
+
+TrainerState Checkpointer::load(const std::string& folder, Model& model,
+                                const OptimizerMoments& optimizer) {
+  Watchdog::SlowWork slow(world_.watchdog().get(), "reading a checkpoint");
+  // Rank 0 alone reads every file for its checksum, and every rank learns the verdict: the
+  // other ranks read only what they load (docs/checkpoints.md).
+  std::string corrupt;
+  if (world_.rank() == 0) {
+    try {
+      verify_checkpoint(folder);
+    } catch (const CheckpointError& error) {
+      corrupt = error.what();
+    }
+  }
+  agree_on_failure(world_, corrupt, ExitCode::bad_input);
+  const TrainerState state = read_trainer_state(folder);
+  const std::string state_path = folder + "/" + kCheckpointStateFile;
+  const ModelConfig& recorded = state.model.model;
+  const ModelConfig& m = config_.model;
+  auto require_same = [&](const char* key, const std::string& theirs, const std::string& ours) {
+    if (theirs != ours)
+      throw CheckpointError("checkpoint '" + folder + "' was written for model." + key + "=" +
+                            theirs + ", this run has model." + key + "=" + ours);
+  };
+  require_same("family", name_of(recorded.family), name_of(m.family));
+  require_same("n_layers", std::to_string(recorded.n_layers), std::to_string(m.n_layers));
+  require_same("d_model", std::to_string(recorded.d_model), std::to_string(m.d_model));
+  require_same("n_heads", std::to_string(recorded.n_heads), std::to_string(m.n_heads));
+  require_same("n_kv_heads", std::to_string(recorded.n_kv_heads), std::to_string(m.n_kv_heads));
+  require_same("d_ff", std::to_string(recorded.d_ff), std::to_string(m.d_ff));
+  require_same("vocab_size", std::to_string(recorded.vocab_size), std::to_string(m.vocab_size));
+  require_same("max_seq_len", std::to_string(recorded.max_seq_len), std::to_string(m.max_seq_len));
+
+  const ParamTable& table = model.table();
+  const int64_t total = table.total_numel();
+  // Each rank reads only the ranges it stores, straight from the mapped file.
+  try {
+    const CheckpointWeights weights(folder, table);
+    model.load_weights(
+        [&](int64_t begin, int64_t count, float* out) { weights.read(begin, count, out); });
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw CheckpointError(error.what());
+  }
+
+  // This rank's moments: the parts of every file's ranges that overlap its own segments,
+  // moved to the device a piece of at most one unit at a time.
+  const int64_t piece = model.state().host_piece();
+  const std::vector<ShardSegment>& mine = optimizer.segments;
+  std::vector<float> host;
+  int64_t needed = 0, covered = 0;
+  for (const ShardSegment& segment : mine) needed += segment.size();
+  for (const std::string& shard_name : state.optimizer_shards) {
+    const std::string path = folder + "/" + shard_name;
+    try {
+      SafetensorsReader shard(path);
+      const std::vector<std::pair<int64_t, int64_t>> ranges = optimizer_file_ranges(shard, total);
+      int64_t count = 0;
+      bool overlaps = false;
+      for (const auto& [begin, end] : ranges) {
+        count += end - begin;
+        for (const ShardSegment& segment : mine)
+          overlaps = overlaps || (std::max(begin, segment.begin) < std::min(end, segment.end));
+      }
+      // Another rank's moments: not read at all.
+      if (!overlaps) continue;
+      shard.require_shape("exp_avg", {count});
+      shard.require_shape("exp_avg_sq", {count});
+      int64_t packed = 0;  // where the current range starts in the file's tensors
+      for (const auto& [begin, end] : ranges) {
+        for (const ShardSegment& segment : mine) {
+          const int64_t overlap_begin = std::max(begin, segment.begin);
+          const int64_t overlap_end = std::min(end, segment.end);
+          for (int64_t at = overlap_begin; at < overlap_end; at += piece) {
+            const int64_t n = std::min(piece, overlap_end - at);
+            const int64_t from = packed + (at - begin);
+            const int64_t to = segment.shard_begin + (at - segment.begin);
+            host.resize(size_t(n));
+            shard.read_f32_range("exp_avg", from, n, host.data());
+            backend_.upload(optimizer.first.flat_range(to, n), host.data());
+            shard.read_f32_range("exp_avg_sq", from, n, host.data());
+            backend_.upload(optimizer.second.flat_range(to, n), host.data());
+            covered += n;
+          }
+        }
+        packed += end - begin;
+      }
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const std::exception& error) {
+      throw CheckpointError("optimizer state '" + path + "': " + error.what());
+    }
+  }
+  if (covered != needed)
+    throw CheckpointError("the optimizer files of '" + folder + "' cover " +
+                          std::to_string(covered) + " of the " + std::to_string(needed) +
+                          " elements this rank needs");
+  return state;
+}
+
+}  // namespace ulysses

@@ -1,0 +1,92 @@
+// Checkpoints (docs/checkpoints.md): a folder per step holding the weights as safetensors,
+// the optimizer state (one file per shard), the trainer state and a manifest with a CRC-32
+// per file (the format: core/checkpoint/checkpoint_format.h). Written under a temporary name,
+// fsynced and renamed; `latest` is replaced atomically, so a crash at any moment leaves the
+// previous checkpoint intact. A state that is not finite is never written, and nothing a
+// run did not write itself is replaced without train.checkpoint.overwrite, and then only
+// once the run has written and verified its first checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/checkpoint_format.h"
+#include "core/checkpoint/optimizer_moments.h"
+#include "core/config/config.h"
+#include "core/model/model.h"
+#include "parallel/comm.h"
+
+namespace ulysses {
+
+// Collective, before anything reads checkpoint_dir: rank 0 finishes or undoes what an
+// interrupted train.checkpoint.overwrite left there (core/checkpoint/checkpoint_overwrite.h) and
+// logs it; JobError(bad_input) on every rank when it cannot.
+void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir);
+
+// Collective: rank 0 resolves --resume ("auto" → the newest intact checkpoint of
+// checkpoint_dir, or "" to start fresh when there is none; a step folder; a checkpoint
+// dir → its newest) and every rank gets its answer, so all ranks resume the same step.
+// Throws JobError(bad_input) on every rank when there is nothing to resume from.
+std::string agree_resume_folder(Comm& world, const std::string& resume,
+                                const std::string& checkpoint_dir);
+
+// Collective, before the first step. Refuses (JobError bad_input on every rank) a run that
+// would overwrite another run's checkpoints: a fresh run (resume_folder "") into a
+// train.checkpoint.dir that holds step folders, or a resume from an older step than the
+// newest intact step folder there (whatever `latest` says). With train.checkpoint.overwrite
+// it returns, on rank 0, the step folders this run replaces (all of them for a fresh run,
+// those newer than the resumed step otherwise): they stay until the run's first checkpoint
+// is written and verified (Checkpointer::replace_after_first_save). Otherwise it repoints a
+// `latest` that lags behind the newest intact folder. Then creates the folder and test-writes
+// it from every rank.
+std::vector<std::string> prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
+                                                const std::string& resume_folder);
+
+// The folders keep_last pruning removes, of step folders given newest first: all but the
+// keep_last newest, the one just written, and the checkpoint to go back to (good_folder, the
+// newest whose weights a normal step measured: core/train/divergence_guard.h), so a run that
+// diverged can always go back to a good state. keep_last 0 keeps everything.
+std::vector<std::string> folders_to_prune(const std::vector<std::string>& newest_first,
+                                          int keep_last, const std::string& just_written,
+                                          const std::string& good_folder);
+
+// What the trainer records in a checkpoint beside the weights and optimizer moments.
+struct CheckpointProgress {
+  int64_t step = 0;
+  std::optional<double> loss;  // the last step's; nullopt when it was not finite
+  GuardRecord guard;
+  // The checkpoint to go back to: pruning keeps it, a refusal to save names it. "" = none.
+  std::string good_folder;
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(const Config& config, Backend& backend, Comm& world);
+
+  // Collective: writes dir/step_XXXXXXXX, repoints dir/latest, prunes to keep_last (never
+  // progress.good_folder). Throws JobError(nonfinite) without writing anything when the
+  // weights or optimizer moments hold a NaN or infinity. Returns the folder written.
+  std::string save(const CheckpointProgress& progress, Model& model,
+                   const OptimizerMoments& optimizer);
+
+  // Rank 0: the step folders the next save replaces (train.checkpoint.overwrite;
+  // core/checkpoint/checkpoint_overwrite.h). That save verifies its checkpoint before they move.
+  void replace_after_first_save(std::vector<std::string> folders);
+
+  // Collective: verifies and loads a checkpoint folder; returns its trainer state.
+  TrainerState load(const std::string& folder, Model& model, const OptimizerMoments& optimizer);
+
+ private:
+  void prune(const std::string& just_written, const std::string& good_folder);
+  // Collective: whether the master weights and both moments are finite on every rank.
+  bool training_state_is_finite(const ZeroState& state, const OptimizerMoments& optimizer);
+
+  const Config& config_;
+  Backend& backend_;
+  Comm& world_;
+  std::vector<std::string> replaced_;  // rank 0: what the next save replaces
+};
+
+}  // namespace ulysses

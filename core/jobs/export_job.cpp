@@ -1,0 +1,57 @@
+#include "core/jobs/export_job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "core/checkpoint/checkpoint_format.h"
+#include "core/checkpoint/checkpoint_weights.h"
+#include "core/checkpoint/file_util.h"
+#include "core/checkpoint/weights_io_formats.h"
+#include "core/model/params.h"
+
+namespace ulysses {
+
+std::string export_out_problem(const ExportOptions& options) {
+  if (options.format == "llmc") {
+    const std::string problem = output_file_problem(options.out);
+    return problem.empty() ? "" : "--out: " + problem + " (--format llmc writes one .bin file)";
+  }
+  std::error_code error;
+  if (std::filesystem::exists(options.out, error) &&
+      !std::filesystem::is_directory(options.out, error))
+    return "--out: '" + options.out +
+           "' exists and is not a folder (--format hf-llama writes a folder)";
+  return "";
+}
+
+void export_checkpoint(const ExportOptions& options) {
+  std::string folder = options.checkpoint;
+  if (!std::filesystem::exists(folder + "/manifest.json")) {
+    folder = find_latest_checkpoint(options.checkpoint);
+    if (folder.empty())
+      throw CheckpointError("--checkpoint: " + why_no_checkpoint_in(options.checkpoint));
+  }
+  verify_checkpoint(folder);
+  const CheckpointModel recorded = read_checkpoint_model(folder);
+  const ParamTable table(recorded.model);
+  // The export formats are whole files written by this one process.
+  std::vector<float> params(size_t(table.total_numel()));
+  CheckpointWeights(folder, table).read(0, table.total_numel(), params.data());
+
+  if (options.format == "hf-llama") {
+    if (!recorded.rope_theta || !recorded.norm_eps)
+      spdlog::warn(
+          "{} does not record rope_theta or norm_eps; config.json gets rope_theta {} and "
+          "rms_norm_eps {} (the trainer's defaults)",
+          folder, recorded.model.rope_theta, recorded.model.norm_eps);
+    write_hf_llama(options.out, recorded.model, table, params);
+  } else {
+    write_llmc(options.out, recorded.model, table, params);
+  }
+  spdlog::info("exported {} ({} model, {} parameters) as {} to {}", folder,
+               name_of(recorded.model.family), table.total_numel(), options.format, options.out);
+}
+
+}  // namespace ulysses

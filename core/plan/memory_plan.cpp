@@ -1,0 +1,76 @@
+#include "core/plan/memory_plan.h"
+
+#include <algorithm>
+
+#include "core/train/trainer.h"
+#include "kernels/planning_backend.h"
+#include "parallel/planning_comm.h"
+
+namespace ulysses {
+
+MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
+  // A job resolves kernels.attention: auto before it plans (core/jobs/job_session.cpp); the plan
+  // command resolves it here, for this machine's cuDNN.
+  const AttentionKernel attention =
+      choose_attention(config.kernels.attention, config.device,
+                       config.model.d_model / config.model.n_heads, cudnn_loaded_version(),
+                       attention_has_documents(config))
+          .kernel;
+  PlanningBackend backend(config.device, attention, cpu_threads);
+  PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
+  Trainer trainer(config, backend, planned.mesh);
+  MemoryPlan plan;
+  plan.persistent = backend.memory().stats().current;
+  std::vector<const Comm*> comms = {planned.mesh.world, planned.mesh.sp.get(),
+                                    planned.mesh.dp.get()};
+  if (planned.mesh.ring)
+    comms.insert(comms.end(), {planned.mesh.ulysses.get(), planned.mesh.ring.get()});
+  const CommStats before = sum_stats(comms);
+  trainer.plan_step();
+  const CommStats after = sum_stats(comms);
+  const MemoryStats& stats = backend.memory().stats();
+  plan.peak = stats.peak;
+  plan.device_peak = stats.total_peak;
+  plan.num_params = trainer.model().num_params();
+  const ZeroState& state = trainer.model().state();
+  plan.zero_stage = state.stage();
+  plan.zero_units = int64_t(state.layout().units().size());
+  for (const ShardUnit& unit : state.layout().units())
+    plan.largest_unit = std::max(plan.largest_unit, unit.numel());
+  plan.shard_numel = state.layout().shard_numel();
+  plan.all_to_all_bytes = after.all_to_all_bytes - before.all_to_all_bytes;
+  plan.ring_bytes = after.p2p_bytes - before.p2p_bytes;
+  plan.grad_comm_bytes =
+      after.reduce_bytes + after.gather_bytes - before.reduce_bytes - before.gather_bytes;
+  plan.host_checkpoints = stats.peak[int(MemCategory::checkpoints_host)];
+  // Initialising, loading and saving the weights and moments move one ZeRO unit at a time
+  // through the host; a curriculum's stage change keeps the weights this rank stores there
+  // (docs/memory.md, "Host memory per rank").
+  plan.host_weights_io = state.host_piece() * int64_t(sizeof(float));
+  if (!config.train.seq_len_schedule.empty())
+    plan.host_weights_io =
+        std::max(plan.host_weights_io, state.layout().shard_numel() * int64_t(sizeof(float)));
+  if (config.device == Device::cuda)
+    for (const Comm* comm : comms)
+      plan.host_staging =
+          std::max(plan.host_staging, static_cast<const PlanningComm*>(comm)->largest_call_bytes());
+  plan.workspace_bound = backend.used_workspace_bound();
+  return plan;
+}
+
+std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu_threads) {
+  std::vector<SeqLenStage> stages = parse_seq_len_schedule(config.train.seq_len_schedule);
+  if (stages.empty()) stages.push_back({config.train.seq_len, 0, 0});
+  std::vector<StagePlan> plans;
+  for (SeqLenStage stage : stages) {
+    if (stage.batch_size == 0) stage.batch_size = config.train.batch_size;
+    Config shape = config;  // the stage as a run of its own
+    shape.train.seq_len_schedule.clear();
+    shape.train.seq_len = int(stage.seq_len);
+    shape.train.batch_size = int(stage.batch_size);
+    plans.push_back({stage, plan_memory(shape, world_size, cpu_threads).device_peak});
+  }
+  return plans;
+}
+
+}  // namespace ulysses
