@@ -2,12 +2,12 @@
 # CPU throughput benchmark (not a test): tokens/s and model FLOP/s as a fraction of this
 # machine's measured sgemm rate, for GPT-2 124M at T=1024 and a Llama config at T=4096, then
 # PyTorch's tokens/s on the same GPT-2 runs (scripts/bench_torch_gpt2.py) and the ratio.
-# Usage: scripts/bench-cpu.sh [steps]   (build first: scripts/setup.sh)
+# Usage: scripts/bench-cpu.sh [steps]   (build first: scripts/setup.sh --all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-3}
 bin=build/apps/ulysses-train
-[ -x "$bin" ] || { echo "bench-cpu: $bin is missing; run scripts/setup.sh first" >&2; exit 2; }
+[ -x "$bin" ] || { echo "bench-cpu: $bin is missing; run scripts/setup.sh --all first" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -25,7 +25,7 @@ for target in "${targets[@]}"; do
   fi
 done
 if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ not found; run scripts/setup.sh (it installs clang and libclang-rt-14-dev)" >&2
+  echo "fuzz: clang++ not found; run scripts/setup.sh --all (it installs clang and libclang-rt-14-dev)" >&2
   exit 2
 fi
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (unit, multi-rank under mpirun, PyTorch reference,
-# the fault suite and bad-input corpus) and the fuzzers.
+# the fault suite and bad-input corpus) and the fuzzers. ctest runs tests on every core; the
+# ones that start several ranks are RUN_SERIAL (tests/CMakeLists.txt), so no two of them share
+# the cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "$@"
+bash scripts/setup.sh --all "$@"
 cd build
-ctest --output-on-failure --timeout 900
+ctest --output-on-failure --timeout 900 -j"$(nproc)"
 # The readers of untrusted files under libFuzzer, 20 s each (docs/fuzzing.md).
 bash ../scripts/fuzz.sh 20

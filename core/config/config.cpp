@@ -1,9 +1,5 @@
 #include "core/config/config.h"
 
-#include <yaml-cpp/depthguard.h>
-#include <yaml-cpp/eventhandler.h>
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -15,6 +11,7 @@
 #include <sstream>
 #include <variant>
 
+#include "core/config/config_reader.h"
 #include "core/config/seq_len_schedule.h"
 #include "data/dataset.h"
 #include "data/input_file.h"
@@ -354,82 +351,6 @@ const Field* find_field(const std::string& key) {
   return nullptr;
 }
 
-// A section is any proper prefix of a key: "model", "train", "train.checkpoint".
-bool is_section(const std::string& key) {
-  for (const Field& field : fields()) {
-    if (field.key.size() > key.size() && field.key.compare(0, key.size(), key) == 0 &&
-        field.key[key.size()] == '.') {
-      return true;
-    }
-  }
-  return false;
-}
-
-std::vector<std::string> known_keys() {
-  std::vector<std::string> keys;
-  for (const Field& field : fields()) {
-    keys.push_back(field.key);
-    for (size_t dot = field.key.find('.'); dot != std::string::npos;
-         dot = field.key.find('.', dot + 1)) {
-      std::string section = field.key.substr(0, dot);
-      if (std::find(keys.begin(), keys.end(), section) == keys.end()) keys.push_back(section);
-    }
-  }
-  return keys;
-}
-
-std::string last_component(const std::string& key) {
-  size_t dot = key.rfind('.');
-  return dot == std::string::npos ? key : key.substr(dot + 1);
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); j++) previous[j] = j;
-  for (size_t i = 1; i <= a.size(); i++) {
-    current[0] = i;
-    for (size_t j = 1; j <= b.size(); j++) {
-      size_t substitute = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitute});
-    }
-    std::swap(previous, current);
-  }
-  return previous[b.size()];
-}
-
-// The known key a misspelt or misplaced one most likely meant: the same name in another
-// section first (train.vocab_size -> model.vocab_size), else the closest spelling.
-std::string closest_key(const std::string& unknown) {
-  std::vector<std::string> keys = known_keys();
-  for (const std::string& key : keys) {
-    if (key.find('.') != std::string::npos && last_component(key) == last_component(unknown)) {
-      return key;
-    }
-  }
-  std::string best;
-  size_t best_distance = std::numeric_limits<size_t>::max();
-  for (const std::string& key : keys) {
-    size_t distance = edit_distance(unknown, key);
-    if (distance < best_distance) {
-      best = key;
-      best_distance = distance;
-    }
-  }
-  return best;
-}
-
-std::string unknown_key_message(const std::string& key) {
-  return "unknown key '" + key + "'; did you mean '" + closest_key(key) + "'?";
-}
-
-// ---- value conversion ------------------------------------------------------------------
-
-std::string format_double(double value) {
-  char text[64];
-  auto result = std::to_chars(text, text + sizeof(text), value);
-  return std::string(text, result.ptr);
-}
-
 // The YAML spellings of each enum key, in the enum's order.
 const std::vector<std::string>& names_of(Device) {
   return kDeviceNames;
@@ -465,15 +386,6 @@ const std::vector<std::string>& names_of(AttentionKernel) {
   return kAttentionKernelNames;
 }
 
-std::string join_choices(const std::vector<std::string>& choices) {
-  std::string text;
-  for (size_t i = 0; i < choices.size(); i++) {
-    if (i > 0) text += i + 1 == choices.size() ? " or " : ", ";
-    text += choices[i];
-  }
-  return text;
-}
-
 // The value as YAML writes it (config_to_yaml, --dry-run, the docs' defaults).
 template <typename T>
 std::string scalar_text(const T& value) {
@@ -500,317 +412,52 @@ std::string format_value(const T& value) {
   }
 }
 
-std::string trim(const std::string& text) {
-  size_t begin = text.find_first_not_of(" \t");
-  size_t end = text.find_last_not_of(" \t");
-  return begin == std::string::npos ? "" : text.substr(begin, end - begin + 1);
-}
-
-std::string describe_node(const YAML::Node& node) {
-  if (node.IsMap()) return "a map";
-  if (node.IsSequence()) return "a list";
-  if (node.IsNull()) return "nothing";
-  return "'" + node.Scalar() + "'";
-}
-
-// True when the whole text (an optional leading '+' aside) is an integer that fits T.
-template <typename T>
-bool parse_integer(std::string text, T& out) {
-  if (!text.empty() && text[0] == '+') text.erase(0, 1);
-  const char* end = text.data() + text.size();
-  auto result = std::from_chars(text.data(), end, out);
-  return !text.empty() && result.ec == std::errc() && result.ptr == end;
-}
-
-bool parse_double(std::string text, double& out) {
-  if (!text.empty() && text[0] == '+') text.erase(0, 1);
-  const char* end = text.data() + text.size();
-  auto result = std::from_chars(text.data(), end, out);
-  return !text.empty() && result.ec == std::errc() && result.ptr == end && std::isfinite(out);
-}
-
-// YAML 1.1 spellings, which users write in configs.
-bool parse_bool(const std::string& text, bool& out) {
-  static const std::vector<std::string> kTrue = {"true", "True", "TRUE", "yes", "Yes", "on", "On"};
-  static const std::vector<std::string> kFalse = {"false", "False", "FALSE", "no",
-                                                  "No",    "off",   "Off"};
-  if (std::find(kTrue.begin(), kTrue.end(), text) != kTrue.end()) {
-    out = true;
-    return true;
-  }
-  if (std::find(kFalse.begin(), kFalse.end(), text) != kFalse.end()) {
-    out = false;
-    return true;
-  }
-  return false;
-}
-
-// An integer too large (or small) for the key's type gets its range, not "expected an
-// integer".
-template <typename T>
-std::string integer_problem(const YAML::Node& node, const std::string& expected) {
-  if (node.IsScalar()) {
-    std::string text = node.Scalar();
-    if (!text.empty() && text[0] == '+') text.erase(0, 1);
-    const bool negative = !text.empty() && text[0] == '-';
-    const std::string digits = negative ? text.substr(1) : text;
-    const bool integer =
-        !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos;
-    if (integer && negative && std::numeric_limits<T>::min() == 0)
-      return expected + ", got " + node.Scalar();
-    if (integer)
-      return node.Scalar() + " is out of range; the " + (negative ? "smallest" : "largest") +
-             " allowed is " +
-             std::to_string(negative ? std::numeric_limits<T>::min()
-                                     : std::numeric_limits<T>::max());
-  }
-  return expected + ", got " + describe_node(node);
-}
-
-// Returns the problem with the node as a value of this type, or "" when it was stored.
-std::string convert(const YAML::Node& node, int& out) {
-  if (node.IsScalar() && parse_integer(node.Scalar(), out)) return "";
-  return integer_problem<int>(node, "expected an integer");
-}
-
-std::string convert(const YAML::Node& node, uint64_t& out) {
-  if (node.IsScalar() && parse_integer(node.Scalar(), out)) return "";
-  return integer_problem<uint64_t>(node, "expected a non-negative integer");
-}
-
-std::string convert(const YAML::Node& node, double& out) {
-  if (node.IsScalar() && parse_double(node.Scalar(), out)) return "";
-  return "expected a number, got " + describe_node(node);
-}
-
-std::string convert(const YAML::Node& node, bool& out) {
-  if (node.IsScalar() && parse_bool(node.Scalar(), out)) return "";
-  return "expected true or false, got " + describe_node(node);
-}
-
-std::string convert(const YAML::Node& node, std::string& out) {
-  if (node.IsNull()) {
-    out.clear();
-    return "";
-  }
-  if (node.IsScalar()) {
-    out = node.Scalar();
-    return "";
-  }
-  return "expected a string, got " + describe_node(node);
-}
+// The reader's conversions, beside the enum one below (an overload here would hide them).
+using ::ulysses::convert;
 
 // An enum key: one of its spellings, else the message names them all.
 template <typename E>
 requires std::is_enum_v<E> std::string convert(const YAML::Node& node, E& out) {
-  std::string text;
-  std::string problem = convert(node, text);
-  if (!problem.empty()) return problem;
-  const std::vector<std::string>& names = names_of(out);
-  auto found = std::find(names.begin(), names.end(), text);
-  if (found == names.end()) return "'" + text + "' is not allowed; use " + join_choices(names);
-  out = E(found - names.begin());
-  return "";
+  int index = 0;
+  std::string problem = convert_choice(node, names_of(out), index);
+  if (problem.empty()) out = E(index);
+  return problem;
 }
 
 // ---- reading the tree ------------------------------------------------------------------
 
-// Records where the last YAML document started. yaml-cpp 0.7's LoadAll never returns on
-// some malformed text (a ',' where a document should start): its parser stops advancing and
-// adds empty documents until memory runs out. The same parser run with this handler shows
-// that as two documents starting at the same place.
-class DocumentStarts : public YAML::EventHandler {
- public:
-  void OnDocumentStart(const YAML::Mark& mark) override {
-    stuck = count > 0 && mark.pos == last.pos;
-    last = mark;
-    count++;
+std::vector<std::string> key_names() {
+  std::vector<std::string> keys;
+  for (const Field& field : fields()) keys.push_back(field.key);
+  return keys;
+}
+
+// Stores every given key into the config, checking its type.
+void fill(const ConfigReader& reader, Config& config) {
+  for (const Field& field : fields()) {
+    const YAML::Node* given = reader.given(field.key);
+    if (given == nullptr) continue;
+    // `auto` spells the 0 of a key whose 0 is resolved (its `resolved` column).
+    const bool automatic =
+        !field.resolved.empty() && given->IsScalar() && given->Scalar() == "auto";
+    std::string problem = std::visit(
+        [&](auto ref) { return convert(automatic ? YAML::Node(0) : *given, ref(config)); },
+        field.ref);
+    if (!problem.empty()) reader.fail(field.key, problem);
   }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {}
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {}
-  void OnMapEnd() override {}
+}
 
-  YAML::Mark last;
-  int64_t count = 0;
-  bool stuck = false;
-};
+std::string value_text(const Config& config, const std::string& key) {
+  Config copy = config;  // the table's accessors take a mutable Config
+  return std::visit([&](auto ref) { return format_value(ref(copy)); }, find_field(key)->ref);
+}
 
-// A key given in the file or an override: its value and where it came from.
-struct GivenValue {
-  YAML::Node value;
-  std::string where;  // "config.yaml:12" or "override 'train.lr=1e-3'"
-};
-
-class ConfigReader {
- public:
-  explicit ConfigReader(std::string source_name) : source_(std::move(source_name)) {}
-
-  void read_file_tree(const std::string& yaml_text) {
-    std::vector<YAML::Node> documents;
-    try {
-      check_parser_advances(yaml_text);
-      documents = YAML::LoadAll(yaml_text);
-    } catch (const YAML::DeepRecursion& error) {  // yaml-cpp says only "bad file"
-      throw ConfigError(source_ + ":" + std::to_string(error.mark.line + 1) +
-                        ": invalid YAML: nested too deeply (a config nests at most 3 levels)");
-    } catch (const YAML::Exception& error) {
-      throw ConfigError(source_ + ":" + std::to_string(error.mark.line + 1) +
-                        ": invalid YAML: " + error.msg);
-    }
-    while (documents.size() > 1 && documents.back().IsNull()) documents.pop_back();
-    if (documents.size() > 1) {
-      throw ConfigError(line_of(documents[1]) + ": the file holds " +
-                        std::to_string(documents.size()) +
-                        " YAML documents (separated by '---'); a config is one document");
-    }
-    if (documents.empty()) return;
-    const YAML::Node& root = documents[0];
-    if (root.IsNull()) return;
-    if (!root.IsMap()) {
-      throw ConfigError(line_of(root) + ": the config must be a map of sections (device, " +
-                        "model, train, data, parallel, memory, kernels, log), got " +
-                        describe_node(root));
-    }
-    collect(root, "");
-  }
-
-  void apply_override(const std::string& override_text) {
-    std::string where = "override '" + override_text + "'";
-    size_t equals = override_text.find('=');
-    if (equals == std::string::npos) {
-      throw ConfigError(where + ": expected key=value, e.g. train.lr=1e-3");
-    }
-    std::string key = trim(override_text.substr(0, equals));
-    if (!find_field(key)) {
-      if (is_section(key)) {
-        throw ConfigError(where + ": '" + key + "' is a section; set one of its keys, e.g. " +
-                          first_key_of(key) + "=...");
-      }
-      throw ConfigError(where + ": " + unknown_key_message(key));
-    }
-    YAML::Node value;
-    try {
-      value = YAML::Load(override_text.substr(equals + 1));
-    } catch (const YAML::DeepRecursion&) {
-      throw ConfigError(where + ": invalid YAML value: nested too deeply");
-    } catch (const YAML::Exception& error) {
-      throw ConfigError(where + ": invalid YAML value: " + error.msg);
-    }
-    given_[key] = GivenValue{value, where};
-  }
-
-  // Stores every given key into the config, checking its type.
-  void fill(Config& config) const {
-    for (const Field& field : fields()) {
-      auto given = given_.find(field.key);
-      if (given == given_.end()) continue;
-      // `auto` spells the 0 of a key whose 0 is resolved (its `resolved` column).
-      const YAML::Node& given_value = given->second.value;
-      const bool automatic =
-          !field.resolved.empty() && given_value.IsScalar() && given_value.Scalar() == "auto";
-      std::string problem = std::visit(
-          [&](auto ref) { return convert(automatic ? YAML::Node(0) : given_value, ref(config)); },
-          field.ref);
-      if (!problem.empty()) fail(field.key, problem);
-    }
-  }
-
-  // "config.yaml:12", an override, or "" for a key left at its default.
-  std::string where(const std::string& key) const {
-    auto given = given_.find(key);
-    return given == given_.end() ? "" : given->second.where;
-  }
-
-  // Keys given so far (the file's, before any override).
-  size_t keys_given() const { return given_.size(); }
-
-  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
-    std::string location = where(key);
-    if (location.empty()) location = source_;
-    throw ConfigError(location + ": " + key + ": " + problem);
-  }
-
-  // "model.n_heads = 12 (config.yaml:5)", for messages that involve a second key.
-  std::string show(const Config& config, const std::string& key) const {
-    std::string location = where(key);
-    return key + " = " + value_text(config, key) + " (" +
-           (location.empty() ? "default" : location) + ")";
-  }
-
-  static std::string value_text(const Config& config, const std::string& key) {
-    Config copy = config;  // the table's accessors take a mutable Config
-    return std::visit([&](auto ref) { return format_value(ref(copy)); }, find_field(key)->ref);
-  }
-
- private:
-  std::string line_of(const YAML::Node& node) const {
-    return source_ + ":" + std::to_string(node.Mark().line + 1);
-  }
-
-  // Throws ConfigError where YAML::LoadAll would loop forever (DocumentStarts).
-  void check_parser_advances(const std::string& yaml_text) const {
-    std::istringstream stream(yaml_text);
-    YAML::Parser parser(stream);
-    DocumentStarts starts;
-    while (parser.HandleNextDocument(starts)) {
-      if (!starts.stuck) continue;
-      const size_t pos = size_t(std::max(starts.last.pos, 0));
-      const std::string found =
-          pos < yaml_text.size() ? "'" + yaml_text.substr(pos, 1) + "'" : "the end of the text";
-      throw ConfigError(source_ + ":" + std::to_string(starts.last.line + 1) +
-                        ": invalid YAML: unexpected " + found + " where a value should start");
-    }
-  }
-
-  static std::string first_key_of(const std::string& section) {
-    for (const Field& field : fields()) {
-      if (field.key.compare(0, section.size() + 1, section + ".") == 0) return field.key;
-    }
-    return section;
-  }
-
-  void collect(const YAML::Node& map, const std::string& prefix) {
-    for (const auto& entry : map) {
-      // Copies: the iterator hands out a temporary pair of node handles.
-      YAML::Node key_node = entry.first;
-      YAML::Node value = entry.second;
-      if (!key_node.IsScalar()) {
-        throw ConfigError(line_of(key_node) + ": keys must be plain names, got " +
-                          describe_node(key_node));
-      }
-      std::string key = prefix + key_node.Scalar();
-      std::string location = line_of(key_node);
-      if (find_field(key)) {
-        if (given_.count(key)) {
-          throw ConfigError(location + ": " + key + ": given twice (first at " + given_[key].where +
-                            ")");
-        }
-        given_[key] = GivenValue{value, location};
-      } else if (is_section(key)) {
-        if (value.IsMap()) {
-          collect(value, key + ".");
-        } else if (!value.IsNull()) {
-          throw ConfigError(location + ": " + key + ": expected a map of " + key +
-                            ".* keys (e.g. " + first_key_of(key) + "), got " +
-                            describe_node(value));
-        }
-      } else {
-        throw ConfigError(location + ": " + unknown_key_message(key));
-      }
-    }
-  }
-
-  std::string source_;
-  std::map<std::string, GivenValue> given_;
-};
+// "model.n_heads = 12 (config.yaml:5)", for messages that involve a second key.
+std::string key_shown(const ConfigReader& reader, const Config& config, const std::string& key) {
+  std::string location = reader.where(key);
+  return key + " = " + value_text(config, key) + " (" + (location.empty() ? "default" : location) +
+         ")";
+}
 
 // ---- validation ------------------------------------------------------------------------
 
@@ -886,7 +533,7 @@ std::string fp32_problem(const Range& range, double value) {
   return problem;
 }
 
-// The ranges of the key table; a choice was checked as it was read (ConfigReader::fill).
+// The ranges of the key table; a choice was checked as it was read (fill).
 void check_ranges(const ConfigReader& reader, const Config& c) {
   Config copy = c;  // the table's accessors take a mutable Config
   for (const Field& field : fields()) {
@@ -944,7 +591,7 @@ void resolve_defaults(const ConfigReader& reader, Config& c) {
   if (m.max_seq_len == 0) m.max_seq_len = c.train.seq_len;
   if (m.vocab_size == 0) {
     if (c.data.source == DataSource::tokens) {
-      reader.fail("model.vocab_size", "is required with " + reader.show(c, "data.source") +
+      reader.fail("model.vocab_size", "is required with " + key_shown(reader, c, "data.source") +
                                           ": token shards do not say their vocabulary; set "
                                           "it to the tokenizer's vocabulary size");
     }
@@ -967,14 +614,14 @@ void check_model_size(const ConfigReader& reader, const Config& c) {
     char text[64];
     std::snprintf(text, sizeof text, "%.3Lg", params);
     reader.fail("model.d_model", std::string("the model would have about ") + text +
-                                     " parameters (" + reader.show(c, "model.n_layers") + ", " +
-                                     reader.show(c, "model.d_ff") + ", " +
-                                     reader.show(c, "model.vocab_size") +
+                                     " parameters (" + key_shown(reader, c, "model.n_layers") +
+                                     ", " + key_shown(reader, c, "model.d_ff") + ", " +
+                                     key_shown(reader, c, "model.vocab_size") +
                                      "); ulysses supports at most 2^40 (1.1e12)");
   }
   const long double activation_bytes = 4.0L * c.train.batch_size * c.train.seq_len * std::max(C, F);
   if (activation_bytes > kMaxActivationBytes) {
-    reader.fail("train.seq_len", "one activation of " + reader.show(c, "train.batch_size") +
+    reader.fail("train.seq_len", "one activation of " + key_shown(reader, c, "train.batch_size") +
                                      " sequences of " + std::to_string(c.train.seq_len) +
                                      " tokens would exceed 1 PiB; lower the batch or the length");
   }
@@ -990,7 +637,7 @@ void check_model_size(const ConfigReader& reader, const Config& c) {
 }
 
 void check_cross_keys(const ConfigReader& reader, const Config& c) {
-  auto show = [&](const std::string& key) { return reader.show(c, key); };
+  auto show = [&](const std::string& key) { return key_shown(reader, c, key); };
   const ModelConfig& m = c.model;
 
   if (c.train.min_lr > c.train.lr) {
@@ -1145,12 +792,12 @@ const Architecture& architecture(Family family) {
 
 Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
                     const std::string& source_name, std::vector<std::string>* warnings) {
-  ConfigReader reader(source_name);
+  ConfigReader reader(source_name, key_names());
   reader.read_file_tree(yaml_text);
   const bool file_sets_keys = reader.keys_given() > 0;
   for (const std::string& override_text : overrides) reader.apply_override(override_text);
   Config config;
-  reader.fill(config);
+  fill(reader, config);
   check_ranges(reader, config);
   resolve_defaults(reader, config);
   check_cross_keys(reader, config);

@@ -6,18 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "core/config/config_error.h"
 #include "data/data_config.h"
 #include "kernels/backend.h"
 #include "parallel/device_comm.h"
 
 namespace ulysses {
-
-// A configuration the run cannot start with. Every rank reaches the same verdict; the
-// binary exits with status 2.
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Options with a fixed set of values are enums, parsed once by the config loader. Each has
 // its YAML spellings in the enum's order (name_of); messages, logs and --dry-run use them.
