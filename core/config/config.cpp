@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <numeric>
 #include <optional>
 #include <sstream>
