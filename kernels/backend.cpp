@@ -1,6 +1,7 @@
 #include "kernels/backend.h"
 
 #include <stdexcept>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/op_contracts.h"
@@ -20,6 +21,13 @@ bool same_memory(const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+// Each front has the signature of its row in kernels/op_table.h, as its implementation has.
+#define ULYSSES_CHECK_FRONT(result, name, parameters)                                    \
+  static_assert(std::is_same_v<decltype(&Backend::name), result(Backend::*) parameters>, \
+                "Backend::" #name " differs from its row in kernels/op_table.h");
+ULYSSES_BACKEND_OPS(ULYSSES_CHECK_FRONT)
+#undef ULYSSES_CHECK_FRONT
 
 // ---- the op fronts: contract, then implementation -----------------------------------------
 
@@ -215,23 +223,6 @@ void Backend::attention_block_backward(const Tensor& dq, const Tensor& dk, const
   require_apart("attention_block_backward", {{dq, "dq"}, {dk, "dk"}, {dv, "dv"}},
                 {{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
   attention_block_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_first, k_first, documents);
-}
-
-void Backend::attention_block_forward_impl(const Tensor&, const Tensor&, const Tensor&,
-                                           const Tensor&, const Tensor&, int64_t, int64_t, bool,
-                                           const Documents&) {
-  throw std::invalid_argument("attention_block_forward: the " + name() +
-                              " backend has no block attention; ring attention (parallel.ring "
-                              "> 1) runs on the cpu backend");
-}
-
-void Backend::attention_block_backward_impl(const Tensor&, const Tensor&, const Tensor&,
-                                            const Tensor&, const Tensor&, const Tensor&,
-                                            const Tensor&, const Tensor&, const Tensor&, int64_t,
-                                            int64_t, const Documents&) {
-  throw std::invalid_argument("attention_block_backward: the " + name() +
-                              " backend has no block attention; ring attention (parallel.ring "
-                              "> 1) runs on the cpu backend");
 }
 
 LossResult Backend::lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,

@@ -15,6 +15,7 @@
 
 #include "kernels/documents.h"
 #include "kernels/memory.h"
+#include "kernels/op_table.h"
 #include "kernels/profiler.h"
 #include "kernels/tensor.h"
 
@@ -148,11 +149,11 @@ class Backend {
   virtual std::string take_plans_built() { return ""; }
 
   // ---- the ops ---------------------------------------------------------------------------
-  // Each op is a non-virtual front (kernels/backend.cpp): it checks the op's contract, the
-  // shape rules every backend shares (kernels/op_contracts.h; upload, download, fill_zero,
-  // scale and sum_squares take any tensor), and then calls the backend's <op>_impl below.
-  // Each implementation checks only what is its own: the dtypes it accepts, its kernels'
-  // limits and the values of tensor data it reads.
+  // The ops are listed once, in kernels/op_table.h. Each op is a non-virtual front
+  // (kernels/backend.cpp): it checks the op's contract, the shape rules every backend shares
+  // (kernels/op_contracts.h; upload, download, fill_zero, scale and sum_squares take any tensor),
+  // and then calls the backend's <op>_impl below. Each implementation checks only what is its own:
+  // the dtypes it accepts, its kernels' limits and the values of tensor data it reads.
 
   // ---- data movement -------------------------------------------------------------------
   void upload(const Tensor& dst, const void* host_src);
@@ -269,65 +270,12 @@ class Backend {
              const AdamWStep& step);
 
  protected:
-  // The implementations behind the fronts above, called with arguments that meet the op's
-  // contract.
-  virtual void upload_impl(const Tensor& dst, const void* host_src) = 0;
-  virtual void download_impl(void* host_dst, const Tensor& src) = 0;
-  virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
-  virtual void cast_impl(const Tensor& dst, const Tensor& src) = 0;
-  virtual void fill_zero_impl(const Tensor& dst) = 0;
-  virtual void copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                            int64_t row_bytes, int64_t rows) = 0;
-  virtual void axpy_impl(const Tensor& y, const Tensor& x, float alpha) = 0;
-  virtual void scale_impl(const Tensor& x, float alpha) = 0;
-  virtual double sum_squares_impl(const Tensor& x) = 0;
-  virtual void gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                         const Tensor& c, float alpha, float beta) = 0;
-  virtual void bias_forward_impl(const Tensor& out, const Tensor& bias) = 0;
-  virtual void bias_backward_impl(const Tensor& dbias, const Tensor& dout) = 0;
-  virtual void embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                      const Tensor& wpe, int64_t pos_offset) = 0;
-  virtual void embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                       const Tensor& tokens, int64_t pos_offset) = 0;
-  virtual void rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                    const Tensor& weight, float eps) = 0;
-  virtual void rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                     const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
-  virtual void layernorm_forward_impl(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                      const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                      float eps) = 0;
-  virtual void layernorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                       const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                       const Tensor& mean, const Tensor& rstd) = 0;
-  virtual void rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) = 0;
-  virtual void swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) = 0;
-  virtual void swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                                    const Tensor& gate, const Tensor& up) = 0;
-  virtual void gelu_forward_impl(const Tensor& out, const Tensor& x) = 0;
-  virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
-  virtual void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                      const Tensor& k, const Tensor& v,
-                                      const Documents& documents) = 0;
-  virtual void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                       const Tensor& dout, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, const Tensor& out, const Tensor& lse,
-                                       const Documents& documents) = 0;
-  // Block attention is the cpu backend's only (the cuda kernels are causal over one sequence):
-  // these defaults refuse it with a message that names the backend.
-  virtual void attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                            const Tensor& k, const Tensor& v, int64_t q_first,
-                                            int64_t k_first, bool merge,
-                                            const Documents& documents);
-  virtual void attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                             const Tensor& dout, const Tensor& q, const Tensor& k,
-                                             const Tensor& v, const Tensor& out, const Tensor& lse,
-                                             int64_t q_first, int64_t k_first,
-                                             const Documents& documents);
-  virtual LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight,
-                                       const Tensor& targets, int64_t tile_rows, float grad_scale,
-                                       const Tensor& dhidden, const Tensor& dweight) = 0;
-  virtual void adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                          const AdamWStep& step) = 0;
+  // The implementations behind the fronts above, one per row of kernels/op_table.h, called
+  // with arguments that meet the op's contract.
+#define ULYSSES_DECLARE_PURE_OP_IMPL(result, name, parameters) \
+  virtual result name##_impl parameters = 0;
+  ULYSSES_BACKEND_OPS(ULYSSES_DECLARE_PURE_OP_IMPL)
+#undef ULYSSES_DECLARE_PURE_OP_IMPL
 
  private:
   // An op's aliasing rule (kernels/op_contracts.h), checked where the buffers are real.
@@ -339,6 +287,9 @@ class Backend {
   int64_t uploads_issued_ = 0;
   Profiler profiler_;
 };
+
+// The name of every op, in kernels/op_table.h's order.
+inline constexpr const char* kBackendOpNames[] = {ULYSSES_BACKEND_OPS(ULYSSES_OP_NAME)};
 
 // The one masking rule of attention, kept as one predicate: key position k is visible from
 // query position q when it is not later (causal) and lies in q's document, which begins at

@@ -13,7 +13,22 @@
 
 namespace ulysses {
 
-class PlanningBackend final : public Backend {
+// Every op computing nothing and returning its result type's zero: the base of the planning
+// backend, which overrides the ops whose scratch it charges.
+class ComputeFreeBackend : public Backend {
+ public:
+  using Backend::Backend;
+
+ protected:
+#define ULYSSES_OP_COMPUTING_NOTHING(result, name, parameters) \
+  result name##_impl parameters override {                     \
+    return result();                                           \
+  }
+  ULYSSES_BACKEND_OPS(ULYSSES_OP_COMPUTING_NOTHING)
+#undef ULYSSES_OP_COMPUTING_NOTHING
+};
+
+class PlanningBackend final : public ComputeFreeBackend {
  public:
   // attention: kernels.attention (cudnn on cuda only). cpu_threads sizes the cpu
   // attention's per-thread tiles, as omp_get_max_threads() does in a run.
@@ -36,37 +51,8 @@ class PlanningBackend final : public Backend {
   void synchronize() override {}
 
  private:
-  void upload_impl(const Tensor&, const void*) override {}
-  void download_impl(void*, const Tensor&) override {}
-  void copy_impl(const Tensor&, const Tensor&) override {}
-  void cast_impl(const Tensor&, const Tensor&) override {}
-  void fill_zero_impl(const Tensor&) override {}
-  void copy_2d_impl(void*, int64_t, const void*, int64_t, int64_t, int64_t) override {}
-  void axpy_impl(const Tensor&, const Tensor&, float) override {}
-  void scale_impl(const Tensor&, float) override {}
-  double sum_squares_impl(const Tensor&) override { return 0.0; }
-  void gemm_impl(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) override {}
-  void bias_forward_impl(const Tensor&, const Tensor&) override {}
-  void bias_backward_impl(const Tensor&, const Tensor&) override {}
-  void embedding_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              int64_t) override {}
-  void embedding_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               int64_t) override {}
-  void rmsnorm_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            float) override {}
-  void rmsnorm_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&) override {}
-  void layernorm_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, float) override {}
-  void layernorm_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&) override {}
+  // The ops that charge scratch (kernels/op_scratch.h); the rest compute nothing.
   void rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override;
-  void swiglu_forward_impl(const Tensor&, const Tensor&, const Tensor&) override {}
-  void swiglu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&) override {}
-  void gelu_forward_impl(const Tensor&, const Tensor&) override {}
-  void gelu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
                               const Tensor& k, const Tensor& v,
                               const Documents& documents) override;
@@ -88,8 +74,6 @@ class PlanningBackend final : public Backend {
   LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                int64_t tile_rows, float grad_scale, const Tensor& dhidden,
                                const Tensor& dweight) override;
-  void adamw_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                  const AdamWStep&) override {}
 
   bool cudnn() const { return kind_ == BackendKind::cuda && attention_ == AttentionKernel::cudnn; }
   int64_t cudnn_bound(const Tensor& q) const;

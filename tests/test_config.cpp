@@ -456,7 +456,7 @@ log:
   EXPECT_FALSE(back.parallel.overlap);
   EXPECT_EQ(back.parallel.bucket_mb, 12.5);
   EXPECT_EQ(name_of(back.memory.activation_checkpointing), "none");
-  EXPECT_EQ(back.memory.tiled_mlp, "false");
+  EXPECT_EQ(tiled_mlp_text(back.memory.tiled_mlp), "false");
   EXPECT_EQ(back.memory.loss_tile_tokens, 128);
   EXPECT_EQ(back.memory.limit_gib, 1.5);
   EXPECT_EQ(name_of(back.kernels.attention), "auto");
@@ -633,10 +633,11 @@ TEST(Config, EveryZeroStageIsAccepted) {
 TEST(Config, MlpTilesFollowTheSetting) {
   MemoryConfig memory;
   EXPECT_EQ(mlp_tiles(memory, 1000, 64, 176, 3), 1);
-  memory.tiled_mlp = "4";
+  memory.tiled_mlp = {TiledMlp::Mode::tiles, 4};
   EXPECT_EQ(mlp_tiles(memory, 1000, 64, 176, 3), 4);
   EXPECT_EQ(mlp_tiles(memory, 3, 64, 176, 3), 3);  // never more tiles than rows
-  memory.tiled_mlp = "auto";  // 3 intermediates of 176 per row against 64: ceil(8.25)
+  memory.tiled_mlp = {TiledMlp::Mode::automatic,
+                      0};  // 3 intermediates of 176 per row against 64: ceil(8.25)
   EXPECT_EQ(mlp_tiles(memory, 1000, 64, 176, 3), 9);
   EXPECT_EQ(mlp_tiles(memory, 1000, 64, 256, 2), 8);
 }

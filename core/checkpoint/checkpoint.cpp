@@ -175,9 +175,10 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
           spdlog::info("--resume auto: no checkpoint in {} yet, starting from step 0",
                        checkpoint_dir);
       } else {
-        folder = checkpoint_in(resume);
-        if (folder.empty()) error = "--resume: " + why_no_checkpoint_in(resume);
+        folder = require_checkpoint_in(resume, "--resume");
       }
+    } catch (const CheckpointError& problem) {
+      error = problem.what();
     } catch (const std::exception& problem) {
       error = "--resume " + resume + ": " + problem.what();
     }

@@ -384,6 +384,12 @@ std::string checkpoint_in(const std::string& path) {
   return find_latest_checkpoint(path);
 }
 
+std::string require_checkpoint_in(const std::string& path, const std::string& option) {
+  std::string folder = checkpoint_in(path);
+  if (folder.empty()) throw CheckpointError(option + ": " + why_no_checkpoint_in(path));
+  return folder;
+}
+
 std::string why_no_checkpoint_in(const std::string& path) {
   // A symlink loop, a FIFO or a missing path each named as what it is (data/input_file.h).
   if (const std::string problem = input_folder_problem(path); !problem.empty())

@@ -114,5 +114,8 @@ std::string checkpoint_in(const std::string& path);
 // Why checkpoint_in(path) found nothing, for messages: the path is missing, a file, holds no
 // step folders, or only broken ones (with the newest one's problem).
 std::string why_no_checkpoint_in(const std::string& path);
+// checkpoint_in(path), or a CheckpointError that names the option the path came from
+// ("--checkpoint: ...") and why_no_checkpoint_in: what resume, eval and export all take.
+std::string require_checkpoint_in(const std::string& path, const std::string& option);
 
 }  // namespace ulysses

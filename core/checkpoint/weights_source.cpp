@@ -14,11 +14,7 @@ std::string load_weight_source(const WeightSource& source, const ModelConfig& co
   std::unique_ptr<PretrainedWeights> weights;
   std::string error;
   try {
-    if (!source.checkpoint.empty()) {
-      path = checkpoint_in(source.checkpoint);
-      if (path.empty())
-        throw CheckpointError("--checkpoint: " + why_no_checkpoint_in(source.checkpoint));
-    }
+    if (!source.checkpoint.empty()) path = require_checkpoint_in(source.checkpoint, "--checkpoint");
     weights = std::make_unique<PretrainedWeights>(path, config, model.table());
   } catch (const CheckpointError& problem) {  // bad input: agreed below; anything else throws
     error = problem.what();

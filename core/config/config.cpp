@@ -54,13 +54,12 @@ Range in_fp32(Range range) {
 }
 
 // The member a key fills, by type; an enum key reads its YAML spellings (names_of below).
-using FieldRef =
-    std::variant<int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&),
-                 bool& (*)(Config&), std::string& (*)(Config&), Device& (*)(Config&),
-                 Family& (*)(Config&), LrSchedule& (*)(Config&), OnNonfinite& (*)(Config&),
-                 DataSource& (*)(Config&), DataOrder& (*)(Config&), DataDocuments& (*)(Config&),
-                 DeviceComm& (*)(Config&), ProgressThreadSetting& (*)(Config&),
-                 ActivationCheckpointing& (*)(Config&), AttentionKernel& (*)(Config&)>;
+using FieldRef = std::variant<
+    int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&), bool& (*)(Config&),
+    std::string& (*)(Config&), Device& (*)(Config&), Family& (*)(Config&), LrSchedule& (*)(Config&),
+    OnNonfinite& (*)(Config&), DataSource& (*)(Config&), DataOrder& (*)(Config&),
+    DataDocuments& (*)(Config&), DeviceComm& (*)(Config&), ProgressThreadSetting& (*)(Config&),
+    ActivationCheckpointing& (*)(Config&), AttentionKernel& (*)(Config&), TiledMlp& (*)(Config&)>;
 
 // One config key, declared once: parsing, overrides, unknown-key suggestions, range and
 // choice checks, config_to_yaml (--dry-run) and the key tables of docs/configuration.md
@@ -390,6 +389,8 @@ template <typename T>
 std::string scalar_text(const T& value) {
   if constexpr (std::is_same_v<T, std::string>) {
     return value;
+  } else if constexpr (std::is_same_v<T, TiledMlp>) {
+    return tiled_mlp_text(value);
   } else if constexpr (std::is_enum_v<T>) {
     return name_of(value);
   } else if constexpr (std::is_same_v<T, bool>) {
@@ -404,7 +405,8 @@ std::string scalar_text(const T& value) {
 // The value in a message: strings and choices quoted.
 template <typename T>
 std::string format_value(const T& value) {
-  if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) {
+  if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, TiledMlp> ||
+                std::is_enum_v<T>) {
     return "'" + scalar_text(value) + "'";
   } else {
     return scalar_text(value);
@@ -421,6 +423,23 @@ requires std::is_enum_v<E> std::string convert(const YAML::Node& node, E& out) {
   std::string problem = convert_choice(node, names_of(out), index);
   if (problem.empty()) out = E(index);
   return problem;
+}
+
+// memory.tiled_mlp: false, auto or a tile count of at least 1.
+std::string convert(const YAML::Node& node, TiledMlp& out) {
+  std::string text;
+  std::string problem = convert(node, text);
+  if (!problem.empty()) return problem;
+  int tiles = 0;
+  if (text == "false")
+    out = TiledMlp{};
+  else if (text == "auto")
+    out = TiledMlp{TiledMlp::Mode::automatic, 0};
+  else if (parse_integer(text, tiles) && tiles >= 1)
+    out = TiledMlp{TiledMlp::Mode::tiles, tiles};
+  else
+    return "'" + text + "' is not allowed; use false, auto or a tile count >= 1";
+  return "";
 }
 
 // ---- reading the tree ------------------------------------------------------------------
@@ -554,14 +573,6 @@ void check_ranges(const ConfigReader& reader, const Config& c) {
   }
 
   // Rules of single keys that a range does not say.
-  {
-    int tiles = 0;
-    const std::string& tiled = c.memory.tiled_mlp;
-    if (tiled != "false" && tiled != "auto" && !(parse_integer(tiled, tiles) && tiles >= 1))
-      reader.fail("memory.tiled_mlp", "'" + tiled +
-                                          "' is not allowed; use false, auto or a tile "
-                                          "count >= 1");
-  }
   // A spike factor of 1 or less would call ordinary steps spikes.
   if (c.train.spike_loss_factor > 0.0 && c.train.spike_loss_factor <= 1.0)
     reader.fail("train.spike_loss_factor", "must be 0 (not checked) or above 1, got " +
@@ -947,14 +958,29 @@ void validate_for_world(const Config& config, int world_size) {
 int64_t mlp_tiles(const MemoryConfig& memory, int64_t rows, int d_model, int d_ff,
                   int intermediates) {
   int64_t tiles = 1;
-  if (memory.tiled_mlp == "auto") {
-    tiles = (int64_t(intermediates) * d_ff + d_model - 1) / d_model;
-  } else if (memory.tiled_mlp != "false") {
-    int count = 1;
-    parse_integer(memory.tiled_mlp, count);
-    tiles = count;
+  switch (memory.tiled_mlp.mode) {
+    case TiledMlp::Mode::off:
+      break;
+    case TiledMlp::Mode::automatic:
+      tiles = (int64_t(intermediates) * d_ff + d_model - 1) / d_model;
+      break;
+    case TiledMlp::Mode::tiles:
+      tiles = memory.tiled_mlp.tiles;
+      break;
   }
   return std::max<int64_t>(1, std::min(tiles, rows));
+}
+
+std::string tiled_mlp_text(const TiledMlp& tiled) {
+  switch (tiled.mode) {
+    case TiledMlp::Mode::off:
+      return "false";
+    case TiledMlp::Mode::automatic:
+      return "auto";
+    case TiledMlp::Mode::tiles:
+      return std::to_string(tiled.tiles);
+  }
+  return "false";
 }
 
 long double approximate_parameter_count(const ModelConfig& m) {

@@ -155,11 +155,23 @@ struct ParallelConfig {
   double timeout_s = 600.0;
 };
 
+// memory.tiled_mlp: the MLP over tiles of this rank's rows, so [R, d_ff] never exists whole:
+// off (false), auto (a tile's intermediates about the size of the layer input) or a tile
+// count (docs/memory.md).
+struct TiledMlp {
+  enum class Mode { off, automatic, tiles };
+  Mode mode = Mode::off;
+  int tiles = 0;  // Mode::tiles: at least 1
+
+  bool operator==(const TiledMlp&) const = default;
+};
+
+// As the config spells it: "false", "auto" or the tile count.
+std::string tiled_mlp_text(const TiledMlp& tiled);
+
 struct MemoryConfig {
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::none;
-  // The MLP over tiles of this rank's rows, so [R, d_ff] never exists whole: false, auto
-  // (a tile's intermediates about the size of the layer input) or a tile count.
-  std::string tiled_mlp = "false";
+  TiledMlp tiled_mlp;
   // Layer inputs kept for the recompute live in host memory (with layer checkpointing).
   bool offload_checkpoints = false;
   int loss_tile_tokens = 0;  // 0: auto (kernels/op_scratch.h)

@@ -27,12 +27,7 @@ std::string export_out_problem(const ExportOptions& options) {
 }
 
 void export_checkpoint(const ExportOptions& options) {
-  std::string folder = options.checkpoint;
-  if (!std::filesystem::exists(folder + "/manifest.json")) {
-    folder = find_latest_checkpoint(options.checkpoint);
-    if (folder.empty())
-      throw CheckpointError("--checkpoint: " + why_no_checkpoint_in(options.checkpoint));
-  }
+  const std::string folder = require_checkpoint_in(options.checkpoint, "--checkpoint");
   verify_checkpoint(folder);
   const CheckpointModel recorded = read_checkpoint_model(folder);
   const ParamTable table(recorded.model);

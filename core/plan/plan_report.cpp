@@ -21,8 +21,9 @@ std::string row(const std::string& name, const std::string& first, const std::st
 std::string options_of(const Config& config) {
   return "ZeRO " + std::to_string(config.parallel.zero_stage) + ", checkpointing " +
          name_of(config.memory.activation_checkpointing) + ", head_chunks " +
-         std::to_string(config.parallel.head_chunks) + ", tiled_mlp " + config.memory.tiled_mlp +
-         ", offload " + (config.memory.offload_checkpoints ? "true" : "false");
+         std::to_string(config.parallel.head_chunks) + ", tiled_mlp " +
+         tiled_mlp_text(config.memory.tiled_mlp) + ", offload " +
+         (config.memory.offload_checkpoints ? "true" : "false");
 }
 
 }  // namespace

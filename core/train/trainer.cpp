@@ -10,7 +10,7 @@
 #include "core/checkpoint/weights_io.h"
 #include "core/config/seq_len_schedule.h"
 #include "core/report/trace_file.h"
-#include "core/train/nonfinite.h"
+#include "core/train/optimizer_step.h"
 #include "core/train/stop_signal.h"
 #include "kernels/stopwatch.h"
 #include "parallel/agreement.h"
@@ -257,59 +257,33 @@ StepResult Trainer::compute_step(const std::vector<MicroBatch>& micro_batches, d
   result.loss = totals[0] / totals[1];
   if (train_data_ && train_data_->has_answers()) result.accuracy = totals[2] / totals[1];
   result.tokens = int64_t(train.grad_accum) * batch_size_ * mesh_.dp_size * seq_len_;
-  // ZeRO (parallel/zero_state.h): the reduced gradient and the master weights are whole or
-  // this rank's shard; either way the norm is over the whole gradient, so clipping is exact.
-  ZeroState& state = model_->state();
-  state.reduce_gradients();
-  result.grad_norm = std::sqrt(state.gradient_norm_squared());
-  const bool finite = std::isfinite(result.loss) && std::isfinite(result.grad_norm);
-  std::string spike = finite ? guard_.spike(result.loss) : "";
-  // Both values are all-reduced, so every rank reaches the same verdict; it is agreed all the
-  // same, so that no rank can take another branch than the others (docs/failures.md).
-  double verdict[2] = {finite ? 0.0 : 1.0, spike.empty() ? 0.0 : 1.0};
-  {
-    Profiler::Scope reduce(profiler, phase::kScalarAllReduce, Profiler::Kind::communication);
-    world.all_reduce_host(verdict, 2, ReduceOp::max);
-  }
-  const bool nonfinite = verdict[0] > 0.0;
-  result.spike = !nonfinite && verdict[1] > 0.0;
-  if (result.spike && spike.empty()) spike = "another rank judged this step a spike";
-  result.skipped = nonfinite || result.spike;
-  // This step's loss measured the weights of step step_: a normal one vouches for them.
-  guard_.step_done(step_, !result.skipped, result.loss);
-  if (result.skipped) {
-    handle_bad_step(result, nonfinite ? "" : spike);
-  } else {
-    set_phase("optimizer");
+  const OptimizerStepResult update = take_optimizer_step(
+      *model_, *optimizer_, guard_, backend_, world, train, result.loss, result.lr, step_);
+  result.grad_norm = update.grad_norm;
+  result.spike = update.spike;
+  result.skipped = !update.updated();
+  if (result.skipped)
+    handle_bad_step(result, update);
+  else
     skipped_in_a_row_ = 0;
-    {
-      Profiler::Scope optimizer(profiler, phase::kOptimizer);
-      optimizer_->update(state.master(), state.gradient_shard(), float(result.lr),
-                         clip_scale(result.grad_norm, train.grad_clip), step_ + 1);
-    }
-    state.publish_weights();
-  }
   backend_.synchronize();
   ++step_;
   last_loss_ = result.skipped ? std::nullopt : std::optional<double>(result.loss);
   return result;
 }
 
-void Trainer::handle_bad_step(const StepResult& result, const std::string& spike) {
+void Trainer::handle_bad_step(const StepResult& result, const OptimizerStepResult& update) {
   auto show = [](double value) {
     return std::isnan(value) ? std::string("NaN") : fmt::format("{:.6g}", value);
   };
-  std::string what;
-  if (spike.empty()) {
-    const std::string tensor = first_nonfinite_gradient(model_->state(), optimizer_->segments(),
-                                                        model_->table(), backend_, *mesh_.world);
-    what = fmt::format("step {}: the loss is {} and the gradient norm is {}; {}", result.step,
-                       show(result.loss), show(result.grad_norm),
-                       tensor.empty() ? "every gradient element is finite"
-                                      : "the first tensor with a non-finite gradient is " + tensor);
-  } else {
-    what = fmt::format("step {}: a spike: {}", result.step, spike);
-  }
+  const std::string what =
+      update.nonfinite ? fmt::format("step {}: the loss is {} and the gradient norm is {}; {}",
+                                     result.step, show(result.loss), show(result.grad_norm),
+                                     update.nonfinite_tensor.empty()
+                                         ? "every gradient element is finite"
+                                         : "the first tensor with a non-finite gradient is " +
+                                               update.nonfinite_tensor)
+                       : fmt::format("step {}: a spike: {}", result.step, update.spike_reason);
   const bool rank0 = mesh_.world->rank() == 0;
   if (config_.train.on_nonfinite == OnNonfinite::abort)
     throw JobError(ExitCode::nonfinite,
@@ -343,18 +317,26 @@ EvalResult Trainer::evaluate() {
   return evaluate_model(*model_, *val_data_, mesh_, batch_size_, seq_len_, train.eval_steps);
 }
 
-nlohmann::json Trainer::phases_max_json(const std::map<std::string, PhaseTotals>& phases) const {
+Trainer::StepRecord Trainer::record_step(const StepResult& result, const CommStats& comm,
+                                         const ProfileTotals& phases,
+                                         double readback_seconds) const {
+  StepRecord record{result,
+                    comm,
+                    comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds,
+                    phases,
+                    nlohmann::json::object(),
+                    readback_seconds};
   const std::vector<std::string>& names = step_phases();
   std::vector<double> seconds;
   for (const std::string& name : names) {
-    auto found = phases.find(name);
-    seconds.push_back(found == phases.end() ? 0.0 : found->second.seconds);
+    auto found = phases.phases.find(name);
+    seconds.push_back(found == phases.phases.end() ? 0.0 : found->second.seconds);
   }
   mesh_.world->all_reduce_host(seconds.data(), int(seconds.size()), ReduceOp::max);
-  nlohmann::json object = nlohmann::json::object();
   for (size_t i = 0; i < names.size(); ++i)
-    if (seconds[i] > 0) object[names[i] == phase::kStep ? "other" : names[i]] = seconds[i];
-  return object;
+    if (seconds[i] > 0)
+      record.phases_max[names[i] == phase::kStep ? "other" : names[i]] = seconds[i];
+  return record;
 }
 
 void Trainer::start_profiling() {
@@ -409,12 +391,13 @@ void Trainer::finish_profiling() {
   }
 }
 
-void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_seconds,
-                       const ProfileTotals& phases, double readback_seconds) {
+void Trainer::log_step(const StepRecord& record) {
+  const StepResult& r = record.result;
+  const CommStats& comm = record.comm;
+  const ProfileTotals& phases = record.phases;
   stage_seconds_ += r.step_seconds;
   ++stage_steps_;
   const MemoryStats& memory = backend_.memory().stats();
-  const nlohmann::json phases_max = phases_max_json(phases.phases);  // collective: every rank
   if (metrics_) {
     nlohmann::json line = {{"step", r.step},
                            {"loss", r.loss},
@@ -436,11 +419,11 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
     if (r.skipped) line["skipped"] = true;
     if (r.spike) line["spike"] = true;
     line["phases"] = phases_json(phases);
-    line["phases_max_s"] = phases_max;
+    line["phases_max_s"] = record.phases_max;
     if (phases.device_timed) {
       line["device_busy"] = phases.device_busy_seconds / r.step_seconds;
       line["launches"] = phases.launches;
-      line["device_readback_ms"] = readback_seconds * 1e3;
+      line["device_readback_ms"] = record.readback_seconds * 1e3;
     }
     metrics_->write(line);
   }
@@ -455,7 +438,8 @@ void Trainer::log_step(const StepResult& r, const CommStats& comm, double comm_s
       "comm {:.0f}% | mem {} | ETA {}",
       r.step, int(std::to_string(config_.train.steps).size()), config_.train.steps, r.loss,
       accuracy, r.lr, r.grad_norm, double(r.tokens) / r.step_seconds, r.step_seconds * 1e3,
-      100.0 * comm_seconds / r.step_seconds, format_bytes(memory.total_peak), format_duration(eta));
+      100.0 * record.comm_seconds / r.step_seconds, format_bytes(memory.total_peak),
+      format_duration(eta));
 }
 
 void Trainer::run() {
@@ -488,9 +472,7 @@ void Trainer::run() {
       trace_ = profiler.take_trace();
       profiler.set_trace(false);
     }
-    CommStats comm = sum_stats(comms) - before;
-    double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
-    log_step(result, comm, comm_seconds, phases, readback_seconds);
+    log_step(record_step(result, sum_stats(comms) - before, phases, readback_seconds));
     const std::string plans = backend_.take_plans_built();
     if (!plans.empty() && mesh_.world->rank() == 0)
       spdlog::info("step {} built {} (the first use of each shape)", step_, plans);

@@ -16,7 +16,7 @@
 #include "core/report/step_report.h"
 #include "core/train/divergence_guard.h"
 #include "core/train/evaluate.h"
-#include "core/train/optimizer.h"
+#include "core/train/optimizer_step.h"
 #include "data/dataset.h"
 #include "kernels/backend.h"
 #include "parallel/mesh.h"
@@ -86,14 +86,23 @@ class Trainer {
   void check_same_data(const Dataset& dataset, const char* split) const;
   // What the watchdog names when a collective of this phase waits too long.
   void set_phase(const char* phase) const;
-  // A non-finite loss or gradient norm, or a spike (spike says why; "" for non-finite):
-  // throws (abort, or too many skips) or logs a skip.
-  void handle_bad_step(const StepResult& result, const std::string& spike);
-  // readback_seconds: reading the step's device times back (device-timed phases only).
-  void log_step(const StepResult& result, const CommStats& comm_delta, double comm_seconds,
-                const ProfileTotals& phases, double readback_seconds);
-  // Collective: every rank's time per step phase, max over the ranks (for the metrics file).
-  nlohmann::json phases_max_json(const std::map<std::string, PhaseTotals>& phases) const;
+  // A step the optimizer did not take (non-finite or a spike, update says which): throws
+  // (abort, or too many skips) or logs a skip.
+  void handle_bad_step(const StepResult& result, const OptimizerStepResult& update);
+  // What the log line and the metrics file say of one step. Gathered on every rank by
+  // record_step, the one collective of step reporting (the phases' maximum over the ranks);
+  // log_step then only writes.
+  struct StepRecord {
+    StepResult result;
+    CommStats comm;  // this step's
+    double comm_seconds = 0.0;
+    ProfileTotals phases;           // this rank's
+    nlohmann::json phases_max;      // step phase -> its seconds on the slowest rank
+    double readback_seconds = 0.0;  // reading the step's device times back
+  };
+  StepRecord record_step(const StepResult& result, const CommStats& comm,
+                         const ProfileTotals& phases, double readback_seconds) const;
+  void log_step(const StepRecord& record);
   // Before the first step: traces line up, the bare all-to-all is measured for the verdict.
   void start_profiling();
   // After the last step: the table, the verdict and the trace file.

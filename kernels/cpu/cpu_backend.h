@@ -54,69 +54,8 @@ class CpuBackend final : public Backend {
                       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       const Tensor& lse, int64_t q_first, int64_t k_first,
                       const Documents& documents, bool accumulate);
-  void upload_impl(const Tensor& dst, const void* host_src) override;
-  void download_impl(void* host_dst, const Tensor& src) override;
-  void copy_impl(const Tensor& dst, const Tensor& src) override;
-  void cast_impl(const Tensor& dst, const Tensor& src) override;
-  void fill_zero_impl(const Tensor& dst) override;
-  void copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                    int64_t row_bytes, int64_t rows) override;
-
-  void axpy_impl(const Tensor& y, const Tensor& x, float alpha) override;
-  void scale_impl(const Tensor& x, float alpha) override;
-  double sum_squares_impl(const Tensor& x) override;
-
-  void gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                 float alpha, float beta) override;
-  void bias_forward_impl(const Tensor& out, const Tensor& bias) override;
-  void bias_backward_impl(const Tensor& dbias, const Tensor& dout) override;
-
-  void embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                              const Tensor& wpe, int64_t pos_offset) override;
-  void embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                               const Tensor& tokens, int64_t pos_offset) override;
-
-  void rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                            const Tensor& weight, float eps) override;
-  void rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                             const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-  void layernorm_forward_impl(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& x, const Tensor& weight, const Tensor& bias,
-                              float eps) override;
-  void layernorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                               const Tensor& dout, const Tensor& x, const Tensor& weight,
-                               const Tensor& mean, const Tensor& rstd) override;
-
-  void rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) override;
-  void swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) override;
-  void swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                            const Tensor& gate, const Tensor& up) override;
-  void gelu_forward_impl(const Tensor& out, const Tensor& x) override;
-  void gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
-
-  void attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                              const Tensor& k, const Tensor& v,
-                              const Documents& documents) override;
-  void attention_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                               const Tensor& dout, const Tensor& q, const Tensor& k,
-                               const Tensor& v, const Tensor& out, const Tensor& lse,
-                               const Documents& documents) override;
-  void attention_block_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                    const Tensor& k, const Tensor& v, int64_t q_first,
-                                    int64_t k_first, bool merge,
-                                    const Documents& documents) override;
-  void attention_block_backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                     const Tensor& dout, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, const Tensor& out, const Tensor& lse,
-                                     int64_t q_first, int64_t k_first,
-                                     const Documents& documents) override;
-
-  LossResult lm_head_loss_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                               int64_t tile_rows, float grad_scale, const Tensor& dhidden,
-                               const Tensor& dweight) override;
-
-  void adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                  const AdamWStep& step) override;
+  // Every op of kernels/op_table.h.
+  ULYSSES_BACKEND_OPS(ULYSSES_DECLARE_OP_IMPL)
 
   // Row-major c[m, n] = alpha · op(a) op(b) + beta · c through the chosen GEMM.
   void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

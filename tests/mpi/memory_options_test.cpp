@@ -89,7 +89,7 @@ TEST_F(MemoryOptions, TiledMlpCutsTheMlpPeakByTheTileCount) {
   for (const std::string family : {"llama", "gpt2"}) {
     Config config = wide_config(family, family == "llama" ? 4 : 16, 2, world().size());
     const int64_t untiled = peak(step_peaks(config), MemCategory::mlp);
-    config.memory.tiled_mlp = "4";
+    config.memory.tiled_mlp = {TiledMlp::Mode::tiles, 4};
     const int64_t tiled = peak(step_peaks(config), MemCategory::mlp);
     EXPECT_LE(tiled, untiled / 4) << family << ": untiled " << untiled;
     EXPECT_GT(tiled, 0) << family;
@@ -100,7 +100,8 @@ TEST_F(MemoryOptions, TiledMlpCutsTheMlpPeakByTheTileCount) {
 // sums in another order, within the bounds of tests/mpi/training_bounds.h.
 TEST_F(MemoryOptions, TiledMlpGivesTheUntiledLossesAndGradients) {
   for (const std::string family : {"llama", "gpt2"}) {
-    for (const std::string tiles : {"4", "auto"}) {
+    for (const TiledMlp tiles :
+         {TiledMlp{TiledMlp::Mode::tiles, 4}, TiledMlp{TiledMlp::Mode::automatic, 0}}) {
       Config config = testing::tiny_training_config(family, 2, world().size(), 2);
       if (family == "gpt2") config.model.n_kv_heads = config.model.n_heads;
       const testing::TrainingOutcome untiled = testing::train_for(config, world(), 3);
@@ -108,7 +109,7 @@ TEST_F(MemoryOptions, TiledMlpGivesTheUntiledLossesAndGradients) {
       const testing::TrainingOutcome tiled = testing::train_for(config, world(), 3);
       testing::expect_same_training(tiled, untiled, config,
                                     testing::tokens_per_step(config, world().size()),
-                                    family + " tiled_mlp " + tiles);
+                                    family + " tiled_mlp " + tiled_mlp_text(tiles));
     }
   }
 }
@@ -132,7 +133,7 @@ TEST_F(MemoryOptions, WithEverythingOnAStepHoldsTwoInputsFourRowBuffersALossTile
       config.parallel.zero_stage = 3;
       config.parallel.head_chunks = int(H) / P;
       config.memory.offload_checkpoints = true;
-      config.memory.tiled_mlp = "auto";
+      config.memory.tiled_mlp = {TiledMlp::Mode::automatic, 0};
       config.memory.loss_tile_tokens = 8;
       by_depth[layers] = step_peaks(config, true);
     }
@@ -208,7 +209,7 @@ TEST_F(MemoryOptions, TiledMlpIsNotRecomputedTwiceAndMovedInputsNeedNoOutputBuff
   const MemoryStats untiled_kept = step_peaks(config);
   EXPECT_EQ(peak(untiled_moved, MemCategory::workspace),
             peak(untiled_kept, MemCategory::workspace) + layer_input);
-  config.memory.tiled_mlp = "4";
+  config.memory.tiled_mlp = {TiledMlp::Mode::tiles, 4};
   const MemoryStats moved = step_peaks(config, true);
   const MemoryStats kept = step_peaks(config);
   EXPECT_EQ(peak(moved, MemCategory::workspace), peak(kept, MemCategory::workspace));
