@@ -337,16 +337,6 @@ void UlyssesAttention::finish_forward(const Tensor& out, AttentionState& state,
   state.out = state.out_owned;
 }
 
-void UlyssesAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                               AttentionState& state, const Documents& documents) {
-  check_forward(q, k, v, out);
-  state = AttentionState();
-  exchange_now(start_input(q, Input::q, state));
-  exchange_now(start_input(k, Input::k, state));
-  exchange_now(start_input(v, Input::v, state));
-  finish_forward(out, state, documents);
-}
-
 void UlyssesAttention::check_backward(const Tensor& dout, const AttentionState& state,
                                       const Tensor& dq, const Tensor& dk, const Tensor& dv) const {
   if (state.q.empty() || state.lse.empty())
@@ -411,17 +401,6 @@ HeadExchange UlyssesAttention::start_gradient(Input which, AttentionGradients& g
   HeadExchange exchange = start_heads_to_tokens(full, which != Input::q, target);
   full.reset();  // packed into the send buffer
   return exchange;
-}
-
-void UlyssesAttention::backward(const Tensor& dout, const AttentionState& state, const Tensor& dq,
-                                const Tensor& dk, const Tensor& dv, const Documents& documents) {
-  check_backward(dout, state, dq, dk, dv);
-  AttentionGradients grads;
-  exchange_now(start_backward(dout, grads));
-  compute_backward(state, grads, dq, dk, dv, documents);
-  exchange_now(start_gradient(Input::q, grads, dq));
-  exchange_now(start_gradient(Input::k, grads, dk));
-  exchange_now(start_gradient(Input::v, grads, dv));
 }
 
 }  // namespace ulysses

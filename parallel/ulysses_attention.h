@@ -72,21 +72,17 @@ class UlyssesAttention {
                       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       const Tensor& lse, const Documents& documents = {});
 
-  // q[B, Tl, H, d], k/v[B, Tl, Hkv, d]: this rank's Tl = N/P tokens, all heads.
-  // out[B, Tl, H, d] (caller-allocated). Fills state. documents: the starts of the whole
-  // sequences (every rank holds them all), passed to the attention over all N tokens as
-  // they are.
-  void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-               AttentionState& state, const Documents& documents = {});
-  // dout[B, Tl, H, d] -> dq[B, Tl, H, d], dk/dv[B, Tl, Hkv, d] (overwritten).
-  void backward(const Tensor& dout, const AttentionState& state, const Tensor& dq, const Tensor& dk,
-                const Tensor& dv, const Documents& documents = {});
-
-  // The same in steps, for a schedule that computes while the all-to-alls travel
-  // (parallel.overlap). forward = start_input q, k, v (each finished), then finish_forward;
-  // the caller resets state and finishes each input's exchange before finish_forward.
-  // backward = start_backward (finished), compute_backward, then start_gradient for q, k, v
-  // (each finished before its target is read). With sp = 1 the exchanges are empty.
+  // The schedule of attention over all heads (core/model/layers.cpp runs it; docs/design.md,
+  // "One attention schedule"), in steps so that the caller places its work while the
+  // all-to-alls travel (parallel.overlap) or waits for each at once. Shapes: q[B, Tl, H, d],
+  // k/v[B, Tl, Hkv, d], this rank's Tl = N/P tokens with all heads; out[B, Tl, H, d].
+  // Forward: check_forward; state reset; start_input for q, k and v, each finished before
+  // finish_forward, which runs the attention of all N tokens and brings out back (state
+  // keeps what the backward needs). documents: the starts of the whole sequences (every rank
+  // holds them all), given to the attention over all N tokens as they are.
+  // Backward: check_backward; start_backward of dout[B, Tl, H, d], finished; compute_backward;
+  // start_gradient for dq[B, Tl, H, d], dk and dv[B, Tl, Hkv, d] (overwritten), each finished
+  // before its target is read. With sp = 1 the exchanges are empty and finish does nothing.
   enum class Input { q, k, v };
   void check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) const;
   HeadExchange start_input(const Tensor& x, Input which, AttentionState& state);
@@ -97,15 +93,8 @@ class UlyssesAttention {
   void compute_backward(const AttentionState& state, AttentionGradients& grads, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv, const Documents& documents = {});
   HeadExchange start_gradient(Input which, AttentionGradients& grads, const Tensor& target);
-
-  // The two halves of each all-to-all. start_*: packs x (or full) into a send buffer and
-  // issues the exchange; finish: waits for it and unpacks into the target (with replicated
-  // kv heads, heads → tokens sums the replicas' gradients).
-  //   tokens → heads: x[B, Tl, Hx, d] → full[B, N, h, d], h = heads_per_rank() (kv:
-  //   kv_heads_per_rank())
-  //   heads → tokens: full[B, N, h, d] → x[B, Tl, Hx, d]
-  HeadExchange start_tokens_to_heads(const Tensor& x, bool kv, const Tensor& full);
-  HeadExchange start_heads_to_tokens(const Tensor& full, bool kv, const Tensor& x);
+  // Waits for an exchange and unpacks it into its target (with replicated kv heads, heads →
+  // tokens sums the replicas' gradients).
   void finish(HeadExchange& exchange);
 
   // ---- head stages (UPipe, parallel.head_chunks = U) ----------------------------------
@@ -135,6 +124,12 @@ class UlyssesAttention {
   bool kv_replicated() const { return kv_replicated_; }
 
  private:
+  // The two all-to-alls of the whole heads, issued:
+  //   tokens → heads: x[B, Tl, Hx, d] → full[B, N, h, d], h = heads_per_rank() (kv:
+  //   kv_heads_per_rank())
+  //   heads → tokens: full[B, N, h, d] → x[B, Tl, Hx, d]
+  HeadExchange start_tokens_to_heads(const Tensor& x, bool kv, const Tensor& full);
+  HeadExchange start_heads_to_tokens(const Tensor& full, bool kv, const Tensor& x);
   // A new exchange with its send and receive buffers [P, batch, seq_local, heads·d].
   HeadExchange open_exchange(DType dtype, int64_t batch, int64_t seq_local, int64_t heads,
                              HeadExchange::Unpack unpack, const Tensor& target);

@@ -76,12 +76,6 @@ Block::Block(const ModelConfig& model, const MemoryConfig& memory, bool overlap,
       rope_(architecture(model.family).positions == PositionKind::rope),
       checkpointing_(memory.activation_checkpointing == ActivationCheckpointing::layer) {}
 
-double Block::qkv_flops(int64_t rows) const {
-  const double width =
-      double(model_config_.n_heads + 2 * model_config_.n_kv_heads) * model_config_.head_dim();
-  return 2.0 * double(rows) * double(model_config_.d_model) * width;
-}
-
 double Block::mlp_flops(int64_t rows) const {
   const int matrices = swiglu_ ? 3 : 2;
   return 2.0 * matrices * double(rows) * double(model_config_.d_model) * double(model_config_.d_ff);
@@ -281,43 +275,32 @@ void Block::attention_forward(const LayerTensors& w, const BlockShape& shape, co
   const Tensor& q = acts.q.empty() ? local_q.tensor() : acts.q.tensor();
   const Tensor& k = acts.k.empty() ? local_k.tensor() : acts.k.tensor();
   const Tensor& v = acts.v.empty() ? local_v.tensor() : acts.v.tensor();
-  if (overlap_) {
-    // Async Ulysses: each projection's all-to-all travels while the next one computes.
-    attention_.check_forward(q, k, v, acts.attn_out);
-    acts.attention = AttentionState();
-    using Input = UlyssesAttention::Input;
-    auto project = [&](const Tensor& out, int64_t heads, const Tensor& weight, const Tensor& bias,
-                       bool rope) {
+  // One schedule (docs/performance.md, "Async Ulysses"): each projection's all-to-all is
+  // issued as soon as the projection is made; with parallel.overlap it travels while the
+  // next projection computes and is waited for before the attention, without it at once.
+  attention_.check_forward(q, k, v, acts.attn_out);
+  acts.attention = AttentionState();
+  using Input = UlyssesAttention::Input;
+  auto project = [&](const Tensor& out, Input input, int64_t heads, const Tensor& weight,
+                     const Tensor& bias, bool rope) {
+    {
       Profiler::Scope projection(
           profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
           2.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
       linear_forward(backend_, out.reshape({rows, heads * d}), norm1, weight, bias);
       if (rope) rope_at_positions(backend_, out, shape, theta, false);
-    };
-    project(q, H, qkv.wq, qkv.bq, rope_);
-    HeadExchange q_exchange = attention_.start_input(q, Input::q, acts.attention);
-    project(k, Hkv, qkv.wk, qkv.bk, rope_);
-    HeadExchange k_exchange = attention_.start_input(k, Input::k, acts.attention);
-    project(v, Hkv, qkv.wv, qkv.bv, false);
-    HeadExchange v_exchange = attention_.start_input(v, Input::v, acts.attention);
-    attention_.finish(q_exchange);
-    attention_.finish(k_exchange);
-    attention_.finish(v_exchange);
-    attention_.finish_forward(acts.attn_out, acts.attention, shape.documents);
-    return;
-  }
-  {
-    Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-                               qkv_flops(rows));
-    linear_forward(backend_, q.reshape({rows, H * d}), norm1, qkv.wq, qkv.bq);
-    linear_forward(backend_, k.reshape({rows, Hkv * d}), norm1, qkv.wk, qkv.bk);
-    linear_forward(backend_, v.reshape({rows, Hkv * d}), norm1, qkv.wv, qkv.bv);
-  }
-  if (rope_) {
-    rope_at_positions(backend_, q, shape, theta, false);
-    rope_at_positions(backend_, k, shape, theta, false);
-  }
-  attention_.forward(q, k, v, acts.attn_out, acts.attention, shape.documents);
+    }
+    HeadExchange exchange = attention_.start_input(out, input, acts.attention);
+    if (!overlap_) attention_.finish(exchange);
+    return exchange;
+  };
+  HeadExchange q_exchange = project(q, Input::q, H, qkv.wq, qkv.bq, rope_);
+  HeadExchange k_exchange = project(k, Input::k, Hkv, qkv.wk, qkv.bk, rope_);
+  HeadExchange v_exchange = project(v, Input::v, Hkv, qkv.wv, qkv.bv, false);
+  attention_.finish(q_exchange);
+  attention_.finish(k_exchange);
+  attention_.finish(v_exchange);
+  attention_.finish_forward(acts.attn_out, acts.attention, shape.documents);
 }
 
 void Block::recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const {
@@ -453,63 +436,48 @@ void Block::attention_backward(const LayerTensors& w, const LayerTensors& g,
   const Tensor dq_heads = dq.tensor().reshape({shape.batch, shape.seq_local, H, d});
   const Tensor dk_heads = dk.tensor().reshape({shape.batch, shape.seq_local, Hkv, d});
   const Tensor dv_heads = dv.tensor().reshape({shape.batch, shape.seq_local, Hkv, d});
-  if (overlap_) {
-    // dO's all-to-all travels while the output projection's weight gradient is computed, and
-    // each of dq, dk, dv is waited for only where its projection's backward needs it.
-    using Input = UlyssesAttention::Input;
-    AttentionGradients grads;
-    HeadExchange dout_exchange;
-    {
-      Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                                 o_flops);
-      backend_.gemm(dresidual, false, w[R::o_weight], false, dattn_buffer, 1.0f, 0.0f);
-    }
-    attention_.check_backward(dattn, acts.attention, dq_heads, dk_heads, dv_heads);
-    dout_exchange = attention_.start_backward(dattn, grads);
-    {
-      Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                                 o_flops);
-      backend_.gemm(dresidual, true, attn_out, false, g[R::o_weight], 1.0f, 1.0f);
-      if (!g[R::o_bias].empty()) backend_.bias_backward(g[R::o_bias], dresidual);
-    }
-    attention_.finish(dout_exchange);
-    attention_.compute_backward(acts.attention, grads, dq_heads, dk_heads, dv_heads,
-                                shape.documents);
-    HeadExchange dq_exchange = attention_.start_gradient(Input::q, grads, dq_heads);
-    HeadExchange dk_exchange = attention_.start_gradient(Input::k, grads, dk_heads);
-    HeadExchange dv_exchange = attention_.start_gradient(Input::v, grads, dv_heads);
-    auto project_backward = [&](HeadExchange& exchange, const Tensor& dx, int64_t heads,
-                                bool accumulate, const Tensor& dweight, const Tensor& dbias,
-                                const Tensor& weight, bool rope) {
-      attention_.finish(exchange);
-      if (rope) rope_at_positions(backend_, dx, shape, theta, true);
-      Profiler::Scope projection(
-          profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-          4.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
-      linear_backward(backend_, dnorm, accumulate, dweight, dbias, dx.reshape({rows, heads * d}),
-                      norm1, weight);
-    };
-    project_backward(dq_exchange, dq_heads, H, false, dqkv.wq, dqkv.bq, qkv.wq, rope_);
-    project_backward(dk_exchange, dk_heads, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, rope_);
-    project_backward(dv_exchange, dv_heads, Hkv, true, dqkv.wv, dqkv.bv, qkv.wv, false);
-    return;
-  }
+  // One schedule, as the forward's: dO's all-to-all is issued once dO is made and, with
+  // parallel.overlap, travels while the output projection's weight gradient is computed;
+  // each of dq, dk, dv is waited for where its projection's backward needs it. Without
+  // overlap every exchange is waited for as soon as it is issued.
+  using Input = UlyssesAttention::Input;
+  auto issued = [&](HeadExchange exchange) {
+    if (!overlap_) attention_.finish(exchange);
+    return exchange;
+  };
   {
     Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                               2.0 * o_flops);
-    linear_backward(backend_, dattn_buffer, false, g[R::o_weight], g[R::o_bias], dresidual,
-                    attn_out, w[R::o_weight]);
+                               o_flops);
+    backend_.gemm(dresidual, false, w[R::o_weight], false, dattn_buffer, 1.0f, 0.0f);
   }
-  attention_.backward(dattn, acts.attention, dq_heads, dk_heads, dv_heads, shape.documents);
-  if (rope_) {
-    rope_at_positions(backend_, dq_heads, shape, theta, true);
-    rope_at_positions(backend_, dk_heads, shape, theta, true);
+  attention_.check_backward(dattn, acts.attention, dq_heads, dk_heads, dv_heads);
+  AttentionGradients grads;
+  HeadExchange dout_exchange = issued(attention_.start_backward(dattn, grads));
+  {
+    Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
+                               o_flops);
+    backend_.gemm(dresidual, true, attn_out, false, g[R::o_weight], 1.0f, 1.0f);
+    if (!g[R::o_bias].empty()) backend_.bias_backward(g[R::o_bias], dresidual);
   }
-  Profiler::Scope projection(profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-                             2.0 * qkv_flops(rows));
-  linear_backward(backend_, dnorm, false, dqkv.wq, dqkv.bq, dq, norm1, qkv.wq);
-  linear_backward(backend_, dnorm, true, dqkv.wk, dqkv.bk, dk, norm1, qkv.wk);
-  linear_backward(backend_, dnorm, true, dqkv.wv, dqkv.bv, dv, norm1, qkv.wv);
+  attention_.finish(dout_exchange);
+  attention_.compute_backward(acts.attention, grads, dq_heads, dk_heads, dv_heads, shape.documents);
+  HeadExchange dq_exchange = issued(attention_.start_gradient(Input::q, grads, dq_heads));
+  HeadExchange dk_exchange = issued(attention_.start_gradient(Input::k, grads, dk_heads));
+  HeadExchange dv_exchange = issued(attention_.start_gradient(Input::v, grads, dv_heads));
+  auto project_backward = [&](HeadExchange& exchange, const Tensor& dx, int64_t heads,
+                              bool accumulate, const Tensor& dweight, const Tensor& dbias,
+                              const Tensor& weight, bool rope) {
+    attention_.finish(exchange);
+    if (rope) rope_at_positions(backend_, dx, shape, theta, true);
+    Profiler::Scope projection(
+        profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
+        4.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
+    linear_backward(backend_, dnorm, accumulate, dweight, dbias, dx.reshape({rows, heads * d}),
+                    norm1, weight);
+  };
+  project_backward(dq_exchange, dq_heads, H, false, dqkv.wq, dqkv.bq, qkv.wq, rope_);
+  project_backward(dk_exchange, dk_heads, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, rope_);
+  project_backward(dv_exchange, dv_heads, Hkv, true, dqkv.wv, dqkv.bv, qkv.wv, false);
 }
 
 }  // namespace ulysses

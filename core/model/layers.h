@@ -127,8 +127,7 @@ class Block {
                     const Tensor& out, BlockActivations& acts, bool recomputing) const;
   // Attention in head stages (core/model/staged_attention.h): parallel.head_chunks > 1.
   bool staged() const { return attention_.head_chunks() > 1; }
-  // Forward FLOPs of the q/k/v projections and of the MLP over `rows` tokens (backward: 2×).
-  double qkv_flops(int64_t rows) const;
+  // Forward FLOPs of the MLP over `rows` tokens (backward: 2×).
   double mlp_flops(int64_t rows) const;
   void norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                     const Tensor& weight, const Tensor& bias) const;

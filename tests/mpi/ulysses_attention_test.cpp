@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -47,6 +48,35 @@ std::vector<float> token_slice(const std::vector<float>& x, int64_t B, int64_t N
   for (int64_t b = 0; b < B; ++b)
     std::copy_n(x.begin() + (b * N + begin) * row, Tl * row, slice.begin() + b * Tl * row);
   return slice;
+}
+
+// The schedule core/model/layers.cpp runs, with every exchange waited for as it is issued.
+void forward(UlyssesAttention& attention, const Tensor& q, const Tensor& k, const Tensor& v,
+             const Tensor& out, AttentionState& state) {
+  using Input = UlyssesAttention::Input;
+  attention.check_forward(q, k, v, out);
+  state = AttentionState();
+  for (const auto& [x, input] :
+       {std::pair{q, Input::q}, std::pair{k, Input::k}, std::pair{v, Input::v}}) {
+    HeadExchange exchange = attention.start_input(x, input, state);
+    attention.finish(exchange);
+  }
+  attention.finish_forward(out, state);
+}
+
+void backward(UlyssesAttention& attention, const Tensor& dout, const AttentionState& state,
+              const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  using Input = UlyssesAttention::Input;
+  attention.check_backward(dout, state, dq, dk, dv);
+  AttentionGradients grads;
+  HeadExchange dout_exchange = attention.start_backward(dout, grads);
+  attention.finish(dout_exchange);
+  attention.compute_backward(state, grads, dq, dk, dv);
+  for (const auto& [target, input] :
+       {std::pair{dq, Input::q}, std::pair{dk, Input::k}, std::pair{dv, Input::v}}) {
+    HeadExchange exchange = attention.start_gradient(input, grads, target);
+    attention.finish(exchange);
+  }
 }
 
 // max |actual - expected| / max |expected|
@@ -112,7 +142,7 @@ TEST_P(UlyssesAttentionTest, SlicesMatchSingleRankAttention) {
   sp_comm.reset_stats();
   {
     AttentionState state;
-    attention.forward(q_t, k_t, v_t, out_t, state);
+    forward(attention, q_t, k_t, v_t, out_t, state);
 
     const int64_t h = H / P, hk = attention.kv_heads_per_rank();
     if (P == 1) {
@@ -132,10 +162,10 @@ TEST_P(UlyssesAttentionTest, SlicesMatchSingleRankAttention) {
     EXPECT_EQ(backend.memory().current(MemCategory::attention), kept);
     EXPECT_EQ(backend.memory().current(MemCategory::comm), 0);
 
-    attention.backward(Tensor(dout_mine.data(), DType::f32, {B, Tl, H, d}), state,
-                       Tensor(dq_mine.data(), DType::f32, {B, Tl, H, d}),
-                       Tensor(dk_mine.data(), DType::f32, {B, Tl, Hkv, d}),
-                       Tensor(dv_mine.data(), DType::f32, {B, Tl, Hkv, d}));
+    backward(attention, Tensor(dout_mine.data(), DType::f32, {B, Tl, H, d}), state,
+             Tensor(dq_mine.data(), DType::f32, {B, Tl, H, d}),
+             Tensor(dk_mine.data(), DType::f32, {B, Tl, Hkv, d}),
+             Tensor(dv_mine.data(), DType::f32, {B, Tl, Hkv, d}));
     EXPECT_EQ(backend.memory().current(MemCategory::attention), kept);
   }
   EXPECT_EQ(backend.memory().current(MemCategory::attention), 0);
@@ -190,9 +220,9 @@ TEST_F(MpiTest, UlyssesRejectsShapesThatDisagree) {
   Tensor kv_t(kv.data(), DType::f32, {2, 3, P, 4});
   Tensor short_kv(kv.data(), DType::f32, {2, 2, P, 4});
   Tensor out_t(out.data(), DType::f32, {2, 3, 2 * P, 4});
-  EXPECT_THROW(attention.forward(q_t, short_kv, short_kv, out_t, state), std::invalid_argument);
-  EXPECT_THROW(attention.forward(q_t, q_t, kv_t, out_t, state), std::invalid_argument);
-  EXPECT_THROW(attention.backward(out_t, state, q_t, kv_t, kv_t), std::logic_error);
+  EXPECT_THROW(forward(attention, q_t, short_kv, short_kv, out_t, state), std::invalid_argument);
+  EXPECT_THROW(forward(attention, q_t, q_t, kv_t, out_t, state), std::invalid_argument);
+  EXPECT_THROW(backward(attention, out_t, state, q_t, kv_t, kv_t), std::logic_error);
   EXPECT_EQ(world().stats().calls, 0);
 }
 
