@@ -3,18 +3,15 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/checkpoint/checkpoint_overwrite.h"
 #include "core/checkpoint/checkpoint_weights.h"
 #include "core/checkpoint/file_util.h"
+#include "core/checkpoint/optimizer_file.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/safetensors_placed.h"
 #include "parallel/agreement.h"
@@ -23,53 +20,8 @@
 namespace ulysses {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 namespace {
-
-// The flat ranges an optimizer file holds, in the order its tensors pack them: metadata
-// "ranges" ([[begin, end], ...]), or "begin"/"end" (one range, files before ZeRO units).
-std::vector<std::pair<int64_t, int64_t>> optimizer_file_ranges(const SafetensorsReader& file,
-                                                               int64_t total) {
-  const std::map<std::string, std::string>& metadata = file.metadata();
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  if (metadata.count("ranges")) {
-    const json list = json::parse(metadata.at("ranges"), nullptr, false);
-    if (!list.is_array())
-      throw CheckpointError("'" + file.path() + "': metadata ranges is not a list");
-    for (const json& range : list) {
-      if (!range.is_array() || range.size() != 2 || !range[0].is_number_integer() ||
-          !range[1].is_number_integer())
-        throw CheckpointError("'" + file.path() +
-                              "': a range is not [begin, end]: " + range.dump());
-      ranges.emplace_back(range[0].get<int64_t>(), range[1].get<int64_t>());
-    }
-  } else if (metadata.count("begin") && metadata.count("end")) {
-    auto integer = [&](const char* key) {
-      const std::string& text = metadata.at(key);
-      char* end = nullptr;
-      errno = 0;
-      const long long value = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || errno == ERANGE)
-        throw CheckpointError("'" + file.path() + "': metadata " + key + " '" + text +
-                              "' is not an integer");
-      return int64_t(value);
-    };
-    ranges.emplace_back(integer("begin"), integer("end"));
-  } else {
-    throw CheckpointError("'" + file.path() +
-                          "' has no \"ranges\" metadata: it is not an optimizer state file");
-  }
-  int64_t previous_end = 0;
-  for (const auto& [begin, end] : ranges) {
-    if (begin < previous_end || end > total || begin > end)
-      throw CheckpointError("'" + file.path() + "' covers elements [" + std::to_string(begin) +
-                            ", " + std::to_string(end) + ") of a model with " +
-                            std::to_string(total) + " (ranges must be in order and inside)");
-    previous_end = end;
-  }
-  return ranges;
-}
 
 // What rank 0 found in the checkpoint folder before the first step: "" when all is well.
 // `replaced` gets the step folders this run replaces (train.checkpoint.overwrite).
@@ -277,16 +229,14 @@ std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
   // them for the manifest (CRC-32 and sizes are exact in a double).
   std::vector<double> optimizer_crcs(size_t(2 * shards), 0.0);
   if (writes) {
-    json ranges = json::array();
+    std::vector<FlatRange> ranges;
     int64_t count = 0;
     for (const ShardSegment& segment : optimizer.segments) {
-      ranges.push_back({segment.begin, segment.end});
+      ranges.emplace_back(segment.begin, segment.end);
       count += segment.size();
     }
     const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
-    const std::string header = placed_safetensors_header(
-        {{"exp_avg", {count}}, {"exp_avg_sq", {count}}},
-        {{"ranges", ranges.dump()}, {"total", std::to_string(total)}}, path);
+    const std::string header = optimizer_file_header(ranges, total, path);
     create_placed_safetensors(path, header, 2 * uint64_t(count) * sizeof(float));
     PlacedSafetensorsWriter moments(path, header.size());
     std::vector<float> host;
@@ -463,7 +413,7 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model,
     const std::string path = folder + "/" + shard_name;
     try {
       SafetensorsReader shard(path);
-      const std::vector<std::pair<int64_t, int64_t>> ranges = optimizer_file_ranges(shard, total);
+      const std::vector<FlatRange> ranges = optimizer_file_ranges(shard, total);
       int64_t count = 0;
       bool overlaps = false;
       for (const auto& [begin, end] : ranges) {
@@ -473,8 +423,8 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model,
       }
       // Another rank's moments: not read at all.
       if (!overlaps) continue;
-      shard.require_shape("exp_avg", {count});
-      shard.require_shape("exp_avg_sq", {count});
+      shard.require_shape(kFirstMomentTensor, {count});
+      shard.require_shape(kSecondMomentTensor, {count});
       int64_t packed = 0;  // where the current range starts in the file's tensors
       for (const auto& [begin, end] : ranges) {
         for (const ShardSegment& segment : mine) {
@@ -485,9 +435,9 @@ TrainerState Checkpointer::load(const std::string& folder, Model& model,
             const int64_t from = packed + (at - begin);
             const int64_t to = segment.shard_begin + (at - segment.begin);
             host.resize(size_t(n));
-            shard.read_f32_range("exp_avg", from, n, host.data());
+            shard.read_f32_range(kFirstMomentTensor, from, n, host.data());
             backend_.upload(optimizer.first.flat_range(to, n), host.data());
-            shard.read_f32_range("exp_avg_sq", from, n, host.data());
+            shard.read_f32_range(kSecondMomentTensor, from, n, host.data());
             backend_.upload(optimizer.second.flat_range(to, n), host.data());
             covered += n;
           }

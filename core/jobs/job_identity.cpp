@@ -46,9 +46,9 @@ const char* ulysses_version() {
   return ULYSSES_VERSION;
 }
 
-std::vector<std::string> job_identity(const Config& config, const std::string& resume_argument) {
+std::vector<std::string> job_identity(const Config& config, const std::string& command) {
   std::vector<std::string> lines = config_key_values(config);
-  lines.push_back("--resume=" + resume_argument);
+  lines.push_back("command=" + command);
   lines.push_back(std::string("version=") + ulysses_version());
   return lines;
 }
@@ -95,7 +95,7 @@ void check_same_job(Comm& world, const std::vector<std::string>& identity) {
   }
   std::string message =
       "the ranks of this job do not run the same job (each rank must be started with the same "
-      "config, --set overrides, --resume and binary):";
+      "config, --set overrides, command and binary):";
   for (const std::string& key : ordered_keys) {
     auto rank0 = rank0_values.find(key);
     message += "\n  " + key + ": rank 0 has " +

@@ -86,8 +86,9 @@ double seconds_since_launch() {
 void run_job(const JobOptions& options, Comm& world) {
   // --dry-run plans without a backend, so device: cuda is planned on any machine.
   const Stopwatch clock;
-  JobSession job = open_job(options.config_path, options.overrides, options.resume.value_or(""),
-                            world, !options.dry_run);
+  const std::string command = options.resume ? "train --resume " + *options.resume : "train";
+  JobSession job =
+      open_job(options.config_path, options.overrides, command, world, !options.dry_run);
   const Config& config = job.config;
   if (options.dry_run) {
     if (world.rank() == 0) print_plan(config, world.size());

@@ -3,31 +3,14 @@
 // F = MLP width.
 #pragma once
 
-#include <array>
 
 #include "core/config/config.h"
+#include "core/model/layer_parts.h"
 #include "core/model/params.h"
 #include "kernels/backend.h"
 #include "parallel/ulysses_attention.h"
 
 namespace ulysses {
-
-// Views of one layer's tensors (parameters, or their gradients) by role, derived from
-// the parameter table; roles a family does not have stay empty. window holds the flat
-// elements from window_begin on (ParamTable::view).
-struct LayerTensors {
-  std::array<Tensor, size_t(ParamRole::count)> by_role;
-  const Tensor& operator[](ParamRole role) const { return by_role[size_t(role)]; }
-};
-LayerTensors layer_tensors(const ParamTable& table, const Tensor& window, int64_t window_begin,
-                           int layer);
-
-// q/k/v projection weights (or their gradients) [heads·d, C] and biases: separate tensors
-// in llama, row blocks of c_attn in gpt2 (biases empty in llama).
-struct QkvTensors {
-  Tensor wq, wk, wv, bq, bk, bv;
-};
-QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width);
 
 // Everything a block keeps from forward for its backward (docs/memory.md, "Activation
 // memory for long sequences").
@@ -43,21 +26,6 @@ struct BlockActivations {
   Buffer ff_a, ff_b, ff_out;   // llama: gate, up, silu(gate)·up;     mid, norm2 and the
                                // gpt2: fc, -, gelu(fc); [R, F]       intermediates per tile)
 };
-
-// Shapes of one rank's share of a micro-batch.
-struct BlockShape {
-  int64_t batch = 1;       // B
-  int64_t seq_local = 1;   // T held by this rank
-  int64_t pos_offset = 0;  // global position of this rank's first token
-  // Packed documents (kernels/documents.h): the starts of the micro-batch's whole sequences,
-  // or none. Attention masks across them and positions restart at each.
-  Documents documents;
-};
-
-// RoPE on x[B, T, h, d], this rank's tokens of shape: at their global positions, or with
-// documents at their positions inside their documents (one call per piece of a document).
-void rope_at_positions(Backend& backend, const Tensor& x, const BlockShape& shape, float theta,
-                       bool inverse);
 
 class Block {
  public:
@@ -147,14 +115,5 @@ class Block {
   // memory.activation_checkpointing: norm1 is made for each use instead of kept.
   bool checkpointing_;
 };
-
-// out[R, O] = in[R, I] · weight[O, I]ᵀ (+ bias[O])
-void linear_forward(Backend& backend, const Tensor& out, const Tensor& in, const Tensor& weight,
-                    const Tensor& bias);
-// din[R, I] = (or += when accumulate_din) dout · weight; dweight += doutᵀ · in;
-// dbias += column sums of dout (when not empty)
-void linear_backward(Backend& backend, const Tensor& din, bool accumulate_din,
-                     const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                     const Tensor& in, const Tensor& weight);
 
 }  // namespace ulysses

@@ -6,7 +6,7 @@
 // the all-to-all's send buffer, one block per destination rank.
 #pragma once
 
-#include "core/model/layers.h"
+#include "core/model/layer_parts.h"
 #include "kernels/backend.h"
 #include "parallel/ulysses_attention.h"
 

@@ -82,5 +82,21 @@ TEST_F(JobSessionTest, RanksThatRunDifferentJobsAreStoppedTogether) {
   }
 }
 
+// The same config with another command (one rank resumes, the others start afresh) is
+// another job.
+TEST_F(JobSessionTest, RanksThatRunDifferentCommandsAreStoppedTogether) {
+  const std::string path = write_config(model_);
+  const bool odd_one = world().rank() == world().size() - 1;
+  try {
+    open_job(path, {}, odd_one ? "train --resume auto" : "train", world());
+    ADD_FAILURE() << "ranks with different commands were let through";
+  } catch (const JobError& error) {
+    EXPECT_EQ(error.code(), ExitCode::bad_input);
+    if (error.print_here())
+      EXPECT_NE(std::string(error.what()).find("command: rank 0 has 'train'"), std::string::npos)
+          << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace ulysses
