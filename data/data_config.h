@@ -12,11 +12,17 @@ inline const std::vector<std::string> kDataSourceNames = {"synthetic", "text", "
 inline const std::string& name_of(DataSource value) {
   return kDataSourceNames[size_t(value)];
 }
+inline const std::vector<std::string>& names_of(DataSource) {
+  return kDataSourceNames;
+}
 
 enum class DataOrder { shuffled, sequential };
 inline const std::vector<std::string> kDataOrderNames = {"shuffled", "sequential"};
 inline const std::string& name_of(DataOrder value) {
   return kDataOrderNames[size_t(value)];
+}
+inline const std::vector<std::string>& names_of(DataOrder) {
+  return kDataOrderNames;
 }
 
 // data.documents: sequences are one text, or packed documents cut at the end-of-text token
@@ -25,6 +31,9 @@ enum class DataDocuments { none, eos };
 inline const std::vector<std::string> kDataDocumentsNames = {"none", "eos"};
 inline const std::string& name_of(DataDocuments value) {
   return kDataDocumentsNames[size_t(value)];
+}
+inline const std::vector<std::string>& names_of(DataDocuments) {
+  return kDataDocumentsNames;
 }
 
 // data.eos_id -1: the source's own end-of-text token (text: 256; tokens: GPT-2's 50256).

@@ -4,10 +4,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 #include <variant>
 
 #include "core/config/config_reader.h"
@@ -53,13 +55,35 @@ Range in_fp32(Range range) {
   return range;
 }
 
-// The member a key fills, by type; an enum key reads its YAML spellings (names_of below).
-using FieldRef = std::variant<
-    int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&), bool& (*)(Config&),
-    std::string& (*)(Config&), Device& (*)(Config&), Family& (*)(Config&), LrSchedule& (*)(Config&),
-    OnNonfinite& (*)(Config&), DataSource& (*)(Config&), DataOrder& (*)(Config&),
-    DataDocuments& (*)(Config&), DeviceComm& (*)(Config&), ProgressThreadSetting& (*)(Config&),
-    ActivationCheckpointing& (*)(Config&), AttentionKernel& (*)(Config&), TiledMlp& (*)(Config&)>;
+// An enum key's member, as the index of its value among its YAML spellings (names_of, beside
+// each enum in core/config/config.h and the headers it names).
+struct EnumValue {
+  std::function<int()> get;
+  std::function<void(int)> set;
+  const std::vector<std::string>& names;
+};
+
+// The accessor of an enum key, made from the table's accessor of any enum member: an enum
+// key is its enum (with names_of) and its row, nothing else.
+struct EnumRef {
+  template <typename Accessor>
+  requires std::is_enum_v<std::remove_reference_t<std::invoke_result_t<Accessor, Config&>>> EnumRef(
+      Accessor accessor)
+      : access([accessor](Config& config) {
+          auto& member = accessor(config);
+          using E = std::remove_reference_t<decltype(member)>;
+          return EnumValue{[&member] { return int(member); }, [&member](int i) { member = E(i); },
+                           names_of(E())};
+        }) {}
+  EnumValue operator()(Config& config) const { return access(config); }
+
+  std::function<EnumValue(Config&)> access;
+};
+
+// The member a key fills, by type.
+using FieldRef =
+    std::variant<int& (*)(Config&), uint64_t& (*)(Config&), double& (*)(Config&),
+                 bool& (*)(Config&), std::string& (*)(Config&), TiledMlp& (*)(Config&), EnumRef>;
 
 // One config key, declared once: parsing, overrides, unknown-key suggestions, range and
 // choice checks, config_to_yaml (--dry-run) and the key tables of docs/configuration.md
@@ -349,41 +373,6 @@ const Field* find_field(const std::string& key) {
   return nullptr;
 }
 
-// The YAML spellings of each enum key, in the enum's order.
-const std::vector<std::string>& names_of(Device) {
-  return kDeviceNames;
-}
-const std::vector<std::string>& names_of(Family) {
-  return kFamilyNames;
-}
-const std::vector<std::string>& names_of(LrSchedule) {
-  return kLrScheduleNames;
-}
-const std::vector<std::string>& names_of(OnNonfinite) {
-  return kOnNonfiniteNames;
-}
-const std::vector<std::string>& names_of(DataSource) {
-  return kDataSourceNames;
-}
-const std::vector<std::string>& names_of(DataOrder) {
-  return kDataOrderNames;
-}
-const std::vector<std::string>& names_of(DataDocuments) {
-  return kDataDocumentsNames;
-}
-const std::vector<std::string>& names_of(DeviceComm) {
-  return kDeviceCommNames;
-}
-const std::vector<std::string>& names_of(ProgressThreadSetting) {
-  return kProgressThreadSettingNames;
-}
-const std::vector<std::string>& names_of(ActivationCheckpointing) {
-  return kActivationCheckpointingNames;
-}
-const std::vector<std::string>& names_of(AttentionKernel) {
-  return kAttentionKernelNames;
-}
-
 // The value as YAML writes it (config_to_yaml, --dry-run, the docs' defaults).
 template <typename T>
 std::string scalar_text(const T& value) {
@@ -391,8 +380,8 @@ std::string scalar_text(const T& value) {
     return value;
   } else if constexpr (std::is_same_v<T, TiledMlp>) {
     return tiled_mlp_text(value);
-  } else if constexpr (std::is_enum_v<T>) {
-    return name_of(value);
+  } else if constexpr (std::is_same_v<T, EnumValue>) {
+    return value.names[size_t(value.get())];
   } else if constexpr (std::is_same_v<T, bool>) {
     return value ? "true" : "false";
   } else if constexpr (std::is_same_v<T, double>) {
@@ -406,22 +395,21 @@ std::string scalar_text(const T& value) {
 template <typename T>
 std::string format_value(const T& value) {
   if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, TiledMlp> ||
-                std::is_enum_v<T>) {
+                std::is_same_v<T, EnumValue>) {
     return "'" + scalar_text(value) + "'";
   } else {
     return scalar_text(value);
   }
 }
 
-// The reader's conversions, beside the enum one below (an overload here would hide them).
+// The reader's conversions, beside the ones below (an overload here would hide them).
 using ::ulysses::convert;
 
 // An enum key: one of its spellings, else the message names them all.
-template <typename E>
-requires std::is_enum_v<E> std::string convert(const YAML::Node& node, E& out) {
+std::string convert(const YAML::Node& node, const EnumValue& out) {
   int index = 0;
-  std::string problem = convert_choice(node, names_of(out), index);
-  if (problem.empty()) out = E(index);
+  std::string problem = convert_choice(node, out.names, index);
+  if (problem.empty()) out.set(index);
   return problem;
 }
 
@@ -1017,7 +1005,7 @@ std::string config_reference_markdown() {
         [&](auto ref) {
           using T = std::decay_t<decltype(ref(defaults))>;
           std::vector<std::string> choices;
-          if constexpr (std::is_enum_v<T>) choices = names_of(T());
+          if constexpr (std::is_same_v<T, EnumValue>) choices = ref(defaults).names;
           if constexpr (std::is_same_v<T, bool>) choices = {"true", "false"};
           std::string list;
           for (const std::string& choice : choices)

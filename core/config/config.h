@@ -14,7 +14,8 @@
 namespace ulysses {
 
 // Options with a fixed set of values are enums, parsed once by the config loader. Each has
-// its YAML spellings in the enum's order (name_of); messages, logs and --dry-run use them.
+// its YAML spellings in the enum's order: names_of lists them (the config table reads an
+// enum key through it), name_of gives one (messages, logs and --dry-run).
 // The enums of the lower layers' choices are theirs (kernels/backend.h,
 // parallel/device_comm.h); the config only names them.
 using Device = BackendKind;
@@ -22,11 +23,17 @@ inline const std::vector<std::string> kDeviceNames = {"cpu", "cuda"};
 inline const std::string& name_of(Device value) {
   return kDeviceNames[size_t(value)];
 }
+inline const std::vector<std::string>& names_of(Device) {
+  return kDeviceNames;
+}
 
 enum class Family { llama, gpt2 };
 inline const std::vector<std::string> kFamilyNames = {"llama", "gpt2"};
 inline const std::string& name_of(Family value) {
   return kFamilyNames[size_t(value)];
+}
+inline const std::vector<std::string>& names_of(Family) {
+  return kFamilyNames;
 }
 
 enum class LrSchedule { cosine, linear, constant };
@@ -34,16 +41,25 @@ inline const std::vector<std::string> kLrScheduleNames = {"cosine", "linear", "c
 inline const std::string& name_of(LrSchedule value) {
   return kLrScheduleNames[size_t(value)];
 }
+inline const std::vector<std::string>& names_of(LrSchedule) {
+  return kLrScheduleNames;
+}
 
 enum class OnNonfinite { abort, skip };
 inline const std::vector<std::string> kOnNonfiniteNames = {"abort", "skip"};
 inline const std::string& name_of(OnNonfinite value) {
   return kOnNonfiniteNames[size_t(value)];
 }
+inline const std::vector<std::string>& names_of(OnNonfinite) {
+  return kOnNonfiniteNames;
+}
 
 inline const std::vector<std::string> kDeviceCommNames = {"auto", "nccl", "mpi"};
 inline const std::string& name_of(DeviceComm value) {
   return kDeviceCommNames[size_t(value)];
+}
+inline const std::vector<std::string>& names_of(DeviceComm) {
+  return kDeviceCommNames;
 }
 
 // Named apart from ProgressThread, the thread itself (parallel/progress_thread.h).
@@ -52,16 +68,25 @@ inline const std::vector<std::string> kProgressThreadSettingNames = {"auto", "on
 inline const std::string& name_of(ProgressThreadSetting value) {
   return kProgressThreadSettingNames[size_t(value)];
 }
+inline const std::vector<std::string>& names_of(ProgressThreadSetting) {
+  return kProgressThreadSettingNames;
+}
 
 enum class ActivationCheckpointing { none, layer };
 inline const std::vector<std::string> kActivationCheckpointingNames = {"none", "layer"};
 inline const std::string& name_of(ActivationCheckpointing value) {
   return kActivationCheckpointingNames[size_t(value)];
 }
+inline const std::vector<std::string>& names_of(ActivationCheckpointing) {
+  return kActivationCheckpointingNames;
+}
 
 inline const std::vector<std::string> kAttentionKernelNames = {"auto", "native", "cudnn"};
 inline const std::string& name_of(AttentionKernel value) {
   return kAttentionKernelNames[size_t(value)];
+}
+inline const std::vector<std::string>& names_of(AttentionKernel) {
+  return kAttentionKernelNames;
 }
 
 // What the model code branches on: a family is one row of the table in core/config/config.cpp
