@@ -205,20 +205,29 @@ std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
   Watchdog::SlowWork slow(world_.watchdog().get(), "writing a checkpoint");
   const std::string dir = config_.train.checkpoint.dir;
   const std::string name = checkpoint_folder_name(step);
-  const std::string final_path = dir + "/" + name;
   const std::string temp_path = dir + "/.tmp-" + name;
-  const ParamTable& table = model.table();
-  const int64_t total = table.total_numel();
   if (world_.rank() == 0) {
     fs::create_directories(dir);
     fs::remove_all(temp_path);
     fs::create_directory(temp_path);
   }
   world_.barrier();
+  const std::vector<double> optimizer_checksums =
+      write_optimizer_files(temp_path, model, optimizer);
+  write_weights(temp_path, step, model);
+  if (world_.rank() == 0) {
+    write_state_and_manifest(temp_path, progress, model, optimizer_checksums);
+    publish(temp_path, name, progress.good_folder);
+  }
+  world_.barrier();
+  return dir + "/" + name;
+}
 
+std::vector<double> Checkpointer::write_optimizer_files(const std::string& temp_path, Model& model,
+                                                        const OptimizerMoments& optimizer) {
   // Optimizer state as flat ranges of the parameter buffer, one file per shard (ZeRO: one
   // per rank; otherwise rank 0 writes the whole range), so that a run with another world
-  // size or stage can take any range from any file.
+  // size or stage can take any range from any file (core/checkpoint/optimizer_file.h).
   const bool sharded = model.state().layout().world() > 1;
   const int shards = sharded ? world_.size() : 1;
   // Pieces of at most one unit travel through the host (docs/memory.md, "Host memory per rank").
@@ -227,7 +236,7 @@ std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
   const int shard = sharded ? world_.rank() : 0;
   // Each optimizer file's checksum is computed by the rank that wrote it; rank 0 collects
   // them for the manifest (CRC-32 and sizes are exact in a double).
-  std::vector<double> optimizer_crcs(size_t(2 * shards), 0.0);
+  std::vector<double> checksums(size_t(2 * shards), 0.0);
   if (writes) {
     std::vector<FlatRange> ranges;
     int64_t count = 0;
@@ -236,7 +245,7 @@ std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
       count += segment.size();
     }
     const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
-    const std::string header = optimizer_file_header(ranges, total, path);
+    const std::string header = optimizer_file_header(ranges, model.table().total_numel(), path);
     create_placed_safetensors(path, header, 2 * uint64_t(count) * sizeof(float));
     PlacedSafetensorsWriter moments(path, header.size());
     std::vector<float> host;
@@ -253,84 +262,95 @@ std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
       packed += segment.size();
     }
     moments.finish();
-    optimizer_crcs[size_t(2 * shard)] = double(crc32_of_file(path));
-    optimizer_crcs[size_t(2 * shard + 1)] = double(fs::file_size(path));
+    checksums[size_t(2 * shard)] = double(crc32_of_file(path));
+    checksums[size_t(2 * shard + 1)] = double(fs::file_size(path));
   }
-  world_.all_reduce_host(optimizer_crcs.data(), int(optimizer_crcs.size()), ReduceOp::sum);
-  // The weights file: rank 0 creates it, then each rank writes the master weights it
-  // stores at their offsets, one unit at a time (docs/checkpoints.md, "Writing the weights").
-  const std::string weights_path = temp_path + "/" + kCheckpointModelFile;
+  world_.all_reduce_host(checksums.data(), int(checksums.size()), ReduceOp::sum);
+  return checksums;
+}
+
+void Checkpointer::write_weights(const std::string& temp_path, int64_t step, Model& model) {
+  // Rank 0 creates the file, then each rank writes the master weights it stores at their
+  // offsets, one unit at a time (docs/checkpoints.md, "Writing the weights").
+  const ParamTable& table = model.table();
+  const std::string path = temp_path + "/" + kCheckpointModelFile;
   const std::string header =
-      checkpoint_weights_header(table, step, name_of(config_.model.family), weights_path);
+      checkpoint_weights_header(table, step, name_of(config_.model.family), path);
   if (world_.rank() == 0)
-    create_placed_safetensors(weights_path, header, uint64_t(total) * sizeof(float));
+    create_placed_safetensors(path, header, uint64_t(table.total_numel()) * sizeof(float));
   world_.barrier();
+  const bool writes = model.state().layout().world() > 1 || world_.rank() == 0;
   if (writes) {
-    PlacedSafetensorsWriter weights(weights_path, header.size());
+    PlacedSafetensorsWriter weights(path, header.size());
     model.state().download_stored_weights([&](int64_t begin, int64_t count, const float* values) {
       weights.write(begin, count, values);
     });
     weights.finish();
   }
   world_.barrier();
+}
 
-  if (world_.rank() == 0) {
-    TrainerState state;
-    state.step = step;
-    state.sequences_per_step = int64_t(config_.train.grad_accum) * config_.train.batch_size *
-                               (world_.size() / config_.parallel.sp);
-    state.loss = progress.loss;
-    state.guard = progress.guard;
-    state.world_size = world_.size();
-    state.sp = config_.parallel.sp;
-    state.zero_stage = model.state().stage();
-    state.model.model = config_.model;
-    state.model.rope_theta = config_.model.rope_theta;
-    state.model.norm_eps = config_.model.norm_eps;
-    for (int i = 0; i < shards; ++i)
-      state.optimizer_shards.push_back(optimizer_file_name(i, shards));
-    write_file_durably(temp_path + "/" + kCheckpointStateFile, trainer_state_json(state));
+void Checkpointer::write_state_and_manifest(const std::string& temp_path,
+                                            const CheckpointProgress& progress, Model& model,
+                                            const std::vector<double>& optimizer_checksums) {
+  const int shards = int(optimizer_checksums.size() / 2);
+  TrainerState state;
+  state.step = progress.step;
+  state.sequences_per_step = int64_t(config_.train.grad_accum) * config_.train.batch_size *
+                             (world_.size() / config_.parallel.sp);
+  state.loss = progress.loss;
+  state.guard = progress.guard;
+  state.world_size = world_.size();
+  state.sp = config_.parallel.sp;
+  state.zero_stage = model.state().stage();
+  state.model.model = config_.model;
+  state.model.rope_theta = config_.model.rope_theta;
+  state.model.norm_eps = config_.model.norm_eps;
+  for (int i = 0; i < shards; ++i) state.optimizer_shards.push_back(optimizer_file_name(i, shards));
+  write_file_durably(temp_path + "/" + kCheckpointStateFile, trainer_state_json(state));
 
-    CheckpointManifest manifest;
-    manifest.step = step;
-    for (int i = 0; i < shards; ++i)
-      manifest.files.push_back({state.optimizer_shards[size_t(i)],
-                                uint64_t(optimizer_crcs[size_t(2 * i + 1)]),
-                                uint32_t(optimizer_crcs[size_t(2 * i)])});
-    for (const std::string file : {kCheckpointModelFile, kCheckpointStateFile}) {
-      const std::string path = temp_path + "/" + file;
-      manifest.files.push_back({file, uint64_t(fs::file_size(path)), crc32_of_file(path)});
-    }
-    write_file_durably(temp_path + "/" + kCheckpointManifestFile, manifest_json(manifest));
-    fsync_directory(temp_path);
-
-    // The checkpoints this run replaces go only once its own is proven: read back and
-    // checked against its manifest (docs/checkpoints.md#overwriting).
-    const bool replacing = !replaced_.empty();
-    if (replacing) {
-      verify_checkpoint(temp_path);
-      move_replaced_aside(dir, replaced_, name);
-    }
-    // A folder of the same step (a rerun) is moved aside, never half-replaced.
-    const std::string old_path = dir + "/.old-" + name;
-    fs::remove_all(old_path);
-    if (fs::exists(final_path)) rename_or_throw(final_path, old_path);
-    rename_or_throw(temp_path, final_path);
-    fsync_directory(dir);
-    point_latest_at(dir, name);
-    fs::remove_all(old_path);
-    if (replacing) {
-      delete_replaced(dir);
-      spdlog::info(
-          "train.checkpoint.overwrite: {} is written and verified; deleted the {} checkpoint(s) "
-          "it replaces",
-          name, replaced_.size());
-      replaced_.clear();
-    }
-    prune(final_path, progress.good_folder);
+  CheckpointManifest manifest;
+  manifest.step = progress.step;
+  for (int i = 0; i < shards; ++i)
+    manifest.files.push_back({state.optimizer_shards[size_t(i)],
+                              uint64_t(optimizer_checksums[size_t(2 * i + 1)]),
+                              uint32_t(optimizer_checksums[size_t(2 * i)])});
+  for (const std::string file : {kCheckpointModelFile, kCheckpointStateFile}) {
+    const std::string path = temp_path + "/" + file;
+    manifest.files.push_back({file, uint64_t(fs::file_size(path)), crc32_of_file(path)});
   }
-  world_.barrier();
-  return final_path;
+  write_file_durably(temp_path + "/" + kCheckpointManifestFile, manifest_json(manifest));
+  fsync_directory(temp_path);
+}
+
+void Checkpointer::publish(const std::string& temp_path, const std::string& name,
+                           const std::string& good_folder) {
+  const std::string dir = config_.train.checkpoint.dir;
+  const std::string final_path = dir + "/" + name;
+  // The checkpoints this run replaces go only once its own is proven: read back and
+  // checked against its manifest (docs/checkpoints.md#overwriting).
+  const bool replacing = !replaced_.empty();
+  if (replacing) {
+    verify_checkpoint(temp_path);
+    move_replaced_aside(dir, replaced_, name);
+  }
+  // A folder of the same step (a rerun) is moved aside, never half-replaced.
+  const std::string old_path = dir + "/.old-" + name;
+  fs::remove_all(old_path);
+  if (fs::exists(final_path)) rename_or_throw(final_path, old_path);
+  rename_or_throw(temp_path, final_path);
+  fsync_directory(dir);
+  point_latest_at(dir, name);
+  fs::remove_all(old_path);
+  if (replacing) {
+    delete_replaced(dir);
+    spdlog::info(
+        "train.checkpoint.overwrite: {} is written and verified; deleted the {} checkpoint(s) "
+        "it replaces",
+        name, replaced_.size());
+    replaced_.clear();
+  }
+  prune(final_path, good_folder);
 }
 
 std::vector<std::string> folders_to_prune(const std::vector<std::string>& newest_first,

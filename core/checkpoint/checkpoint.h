@@ -79,6 +79,20 @@ class Checkpointer {
   TrainerState load(const std::string& folder, Model& model, const OptimizerMoments& optimizer);
 
  private:
+  // The steps of save, in order. Collective: each rank's optimizer file (ZeRO: one per
+  // rank, else rank 0's alone) in temp_path; returns every file's CRC-32 and size, at 2i and
+  // 2i + 1 for file i.
+  std::vector<double> write_optimizer_files(const std::string& temp_path, Model& model,
+                                            const OptimizerMoments& optimizer);
+  // Collective: the weights file, each rank writing the master weights it stores.
+  void write_weights(const std::string& temp_path, int64_t step, Model& model);
+  // Rank 0: the trainer state and the manifest over every file.
+  void write_state_and_manifest(const std::string& temp_path, const CheckpointProgress& progress,
+                                Model& model, const std::vector<double>& optimizer_checksums);
+  // Rank 0: temp_path becomes the step folder `name`, latest points at it, what it replaces
+  // and what keep_last drops go.
+  void publish(const std::string& temp_path, const std::string& name,
+               const std::string& good_folder);
   void prune(const std::string& just_written, const std::string& good_folder);
   // Collective: whether the master weights and both moments are finite on every rank.
   bool training_state_is_finite(const ZeroState& state, const OptimizerMoments& optimizer);
