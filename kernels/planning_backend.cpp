@@ -6,7 +6,10 @@
 namespace ulysses {
 
 PlanningBackend::PlanningBackend(BackendKind kind, AttentionKernel attention, int cpu_threads)
-    : ComputeFreeBackend(0), kind_(kind), attention_(attention), threads_(std::max(1, cpu_threads)) {
+    : ComputeFreeBackend(0),
+      kind_(kind),
+      attention_(attention),
+      threads_(std::max(1, cpu_threads)) {
   if (attention == AttentionKernel::cudnn && kind != BackendKind::cuda)
     throw std::invalid_argument("kernels.attention: cudnn needs device: cuda");
   memory().set_planning(true);

@@ -3,7 +3,6 @@
 // F = MLP width.
 #pragma once
 
-
 #include "core/config/config.h"
 #include "core/model/layer_parts.h"
 #include "core/model/params.h"
