@@ -187,8 +187,6 @@ struct TiledMlp {
   enum class Mode { off, automatic, tiles };
   Mode mode = Mode::off;
   int tiles = 0;  // Mode::tiles: at least 1
-
-  bool operator==(const TiledMlp&) const = default;
 };
 
 // As the config spells it: "false", "auto" or the tile count.

@@ -320,12 +320,7 @@ EvalResult Trainer::evaluate() {
 Trainer::StepRecord Trainer::record_step(const StepResult& result, const CommStats& comm,
                                          const ProfileTotals& phases,
                                          double readback_seconds) const {
-  StepRecord record{result,
-                    comm,
-                    comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds,
-                    phases,
-                    nlohmann::json::object(),
-                    readback_seconds};
+  StepRecord record{result, comm, phases, nlohmann::json::object(), readback_seconds};
   const std::vector<std::string>& names = step_phases();
   std::vector<double> seconds;
   for (const std::string& name : names) {
@@ -395,6 +390,7 @@ void Trainer::log_step(const StepRecord& record) {
   const StepResult& r = record.result;
   const CommStats& comm = record.comm;
   const ProfileTotals& phases = record.phases;
+  const double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
   stage_seconds_ += r.step_seconds;
   ++stage_steps_;
   const MemoryStats& memory = backend_.memory().stats();
@@ -438,8 +434,7 @@ void Trainer::log_step(const StepRecord& record) {
       "comm {:.0f}% | mem {} | ETA {}",
       r.step, int(std::to_string(config_.train.steps).size()), config_.train.steps, r.loss,
       accuracy, r.lr, r.grad_norm, double(r.tokens) / r.step_seconds, r.step_seconds * 1e3,
-      100.0 * record.comm_seconds / r.step_seconds, format_bytes(memory.total_peak),
-      format_duration(eta));
+      100.0 * comm_seconds / r.step_seconds, format_bytes(memory.total_peak), format_duration(eta));
 }
 
 void Trainer::run() {

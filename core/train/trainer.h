@@ -94,8 +94,7 @@ class Trainer {
   // log_step then only writes.
   struct StepRecord {
     StepResult result;
-    CommStats comm;  // this step's
-    double comm_seconds = 0.0;
+    CommStats comm;                 // this step's
     ProfileTotals phases;           // this rank's
     nlohmann::json phases_max;      // step phase -> its seconds on the slowest rank
     double readback_seconds = 0.0;  // reading the step's device times back
