@@ -68,39 +68,41 @@ void Backend::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src
 }
 
 void Backend::axpy(const Tensor& y, const Tensor& x, float alpha) {
-  contracts::check_axpy(y, x);
+  contracts::check_axpy(kind(), y, x);
   axpy_impl(y, x, alpha);
 }
 
 void Backend::scale(const Tensor& x, float alpha) {
+  contracts::check_elementwise(kind(), "scale", x);
   scale_impl(x, alpha);
 }
 
 double Backend::sum_squares(const Tensor& x) {
+  contracts::check_elementwise(kind(), "sum_squares", x);
   return sum_squares_impl(x);
 }
 
 void Backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                    float alpha, float beta) {
-  contracts::check_gemm(a, trans_a, b, trans_b, c);
+  contracts::check_gemm(kind(), a, trans_a, b, trans_b, c);
   require_apart("gemm", {{c, "c"}}, {{a, "a"}, {b, "b"}});
   gemm_impl(a, trans_a, b, trans_b, c, alpha, beta);
 }
 
 void Backend::bias_forward(const Tensor& out, const Tensor& bias) {
-  contracts::check_bias_forward(out, bias);
+  contracts::check_bias_forward(kind(), out, bias);
   bias_forward_impl(out, bias);
 }
 
 void Backend::bias_backward(const Tensor& dbias, const Tensor& dout) {
-  contracts::check_bias_backward(dbias, dout);
+  contracts::check_bias_backward(kind(), dbias, dout);
   require_apart("bias_backward", {{dbias, "dbias"}}, {{dout, "dout"}});
   bias_backward_impl(dbias, dout);
 }
 
 void Backend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                 const Tensor& wpe, int64_t pos_offset) {
-  contracts::check_embedding_forward(out, tokens, wte, wpe, pos_offset);
+  contracts::check_embedding_forward(kind(), out, tokens, wte, wpe, pos_offset);
   require_apart("embedding_forward", {{out, "out"}},
                 {{tokens, "tokens"}, {wte, "wte"}, {wpe, "wpe"}});
   embedding_forward_impl(out, tokens, wte, wpe, pos_offset);
@@ -108,7 +110,7 @@ void Backend::embedding_forward(const Tensor& out, const Tensor& tokens, const T
 
 void Backend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                  const Tensor& tokens, int64_t pos_offset) {
-  contracts::check_embedding_backward(dwte, dwpe, dout, tokens, pos_offset);
+  contracts::check_embedding_backward(kind(), dwte, dwpe, dout, tokens, pos_offset);
   require_apart("embedding_backward", {{dwte, "dwte"}, {dwpe, "dwpe"}},
                 {{dout, "dout"}, {tokens, "tokens"}});
   embedding_backward_impl(dwte, dwpe, dout, tokens, pos_offset);
@@ -116,14 +118,14 @@ void Backend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const T
 
 void Backend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                               const Tensor& weight, float eps) {
-  contracts::check_rmsnorm_forward(out, rstd, x, weight);
+  contracts::check_rmsnorm_forward(kind(), out, rstd, x, weight);
   require_apart("rmsnorm_forward", {{out, "out"}, {rstd, "rstd"}}, {{x, "x"}, {weight, "weight"}});
   rmsnorm_forward_impl(out, rstd, x, weight, eps);
 }
 
 void Backend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                const Tensor& x, const Tensor& weight, const Tensor& rstd) {
-  contracts::check_rmsnorm_backward(dx, dweight, dout, x, weight, rstd);
+  contracts::check_rmsnorm_backward(kind(), dx, dweight, dout, x, weight, rstd);
   require_apart("rmsnorm_backward", {{dx, "dx"}, {dweight, "dweight"}},
                 {{x, "x"}, {weight, "weight"}, {rstd, "rstd"}});
   require_apart("rmsnorm_backward", {{dweight, "dweight"}}, {{dout, "dout"}});
@@ -133,7 +135,7 @@ void Backend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Te
 void Backend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                 const Tensor& x, const Tensor& weight, const Tensor& bias,
                                 float eps) {
-  contracts::check_layernorm_forward(out, mean, rstd, x, weight, bias);
+  contracts::check_layernorm_forward(kind(), out, mean, rstd, x, weight, bias);
   require_apart("layernorm_forward", {{out, "out"}, {mean, "mean"}, {rstd, "rstd"}},
                 {{x, "x"}, {weight, "weight"}, {bias, "bias"}});
   layernorm_forward_impl(out, mean, rstd, x, weight, bias, eps);
@@ -142,7 +144,7 @@ void Backend::layernorm_forward(const Tensor& out, const Tensor& mean, const Ten
 void Backend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                  const Tensor& dout, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd) {
-  contracts::check_layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd);
+  contracts::check_layernorm_backward(kind(), dx, dweight, dbias, dout, x, weight, mean, rstd);
   require_apart("layernorm_backward", {{dx, "dx"}, {dweight, "dweight"}, {dbias, "dbias"}},
                 {{x, "x"}, {weight, "weight"}, {mean, "mean"}, {rstd, "rstd"}});
   require_apart("layernorm_backward", {{dweight, "dweight"}, {dbias, "dbias"}}, {{dout, "dout"}});
@@ -150,19 +152,19 @@ void Backend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const 
 }
 
 void Backend::rope(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
-  contracts::check_rope(x, pos_offset);
+  contracts::check_rope(kind(), x, pos_offset);
   rope_impl(x, pos_offset, theta, inverse);
 }
 
 void Backend::swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
-  contracts::check_swiglu_forward(out, gate, up);
+  contracts::check_swiglu_forward(kind(), out, gate, up);
   require_apart("swiglu_forward", {{out, "out"}}, {{gate, "gate"}, {up, "up"}});
   swiglu_forward_impl(out, gate, up);
 }
 
 void Backend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                               const Tensor& gate, const Tensor& up) {
-  contracts::check_swiglu_backward(dgate, dup, dout, gate, up);
+  contracts::check_swiglu_backward(kind(), dgate, dup, dout, gate, up);
   // dgate may be gate itself and dup up itself (each element is read before it is written),
   // which lets an MLP's backward overwrite its intermediates with their gradients.
   const char* op = "swiglu_backward";
@@ -175,20 +177,20 @@ void Backend::swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tens
 }
 
 void Backend::gelu_forward(const Tensor& out, const Tensor& x) {
-  contracts::check_gelu_forward(out, x);
+  contracts::check_gelu_forward(kind(), out, x);
   require_apart("gelu_forward", {{out, "out"}}, {{x, "x"}});
   gelu_forward_impl(out, x);
 }
 
 void Backend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
-  contracts::check_gelu_backward(dx, dout, x);
+  contracts::check_gelu_backward(kind(), dx, dout, x);
   require_apart("gelu_backward", {{dx, "dx"}}, {{x, "x"}});
   gelu_backward_impl(dx, dout, x);
 }
 
 void Backend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                 const Tensor& k, const Tensor& v, const Documents& documents) {
-  contracts::check_attention_forward(out, lse, q, k, v, documents);
+  contracts::check_attention_forward(kind(), out, lse, q, k, v, documents);
   require_apart("attention_forward", {{out, "out"}, {lse, "lse"}}, {{q, "q"}, {k, "k"}, {v, "v"}});
   attention_forward_impl(out, lse, q, k, v, documents);
 }
@@ -197,7 +199,7 @@ void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tenso
                                  const Tensor& dout, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& out, const Tensor& lse,
                                  const Documents& documents) {
-  contracts::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, documents);
+  contracts::check_attention_backward(kind(), dq, dk, dv, dout, q, k, v, out, lse, documents);
   require_apart("attention_backward", {{dq, "dq"}, {dk, "dk"}, {dv, "dv"}},
                 {{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
   attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, documents);
@@ -206,7 +208,7 @@ void Backend::attention_backward(const Tensor& dq, const Tensor& dk, const Tenso
 void Backend::attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                       const Tensor& k, const Tensor& v, int64_t q_first,
                                       int64_t k_first, bool merge, const Documents& documents) {
-  contracts::check_attention_forward(out, lse, q, k, v, {});
+  contracts::check_attention_forward(kind(), out, lse, q, k, v, {});
   contracts::check_block(q_first, k_first, documents, q, "attention_block_forward");
   require_apart("attention_block_forward", {{out, "out"}, {lse, "lse"}},
                 {{q, "q"}, {k, "k"}, {v, "v"}});
@@ -218,7 +220,7 @@ void Backend::attention_block_backward(const Tensor& dq, const Tensor& dk, const
                                        const Tensor& v, const Tensor& out, const Tensor& lse,
                                        int64_t q_first, int64_t k_first,
                                        const Documents& documents) {
-  contracts::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, {});
+  contracts::check_attention_backward(kind(), dq, dk, dv, dout, q, k, v, out, lse, {});
   contracts::check_block(q_first, k_first, documents, q, "attention_block_backward");
   require_apart("attention_block_backward", {{dq, "dq"}, {dk, "dk"}, {dv, "dv"}},
                 {{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
@@ -228,7 +230,7 @@ void Backend::attention_block_backward(const Tensor& dq, const Tensor& dk, const
 LossResult Backend::lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                  int64_t tile_rows, float grad_scale, const Tensor& dhidden,
                                  const Tensor& dweight) {
-  contracts::check_lm_head_loss(hidden, weight, targets, tile_rows, dhidden, dweight);
+  contracts::check_lm_head_loss(kind(), hidden, weight, targets, tile_rows, dhidden, dweight);
   require_apart("lm_head_loss", {{dhidden, "dhidden"}, {dweight, "dweight"}},
                 {{hidden, "hidden"}, {weight, "weight"}, {targets, "targets"}});
   return lm_head_loss_impl(hidden, weight, targets, tile_rows, grad_scale, dhidden, dweight);
@@ -236,7 +238,7 @@ LossResult Backend::lm_head_loss(const Tensor& hidden, const Tensor& weight, con
 
 void Backend::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const AdamWStep& step) {
-  contracts::check_adamw(param, grad, m, v, step);
+  contracts::check_adamw(kind(), param, grad, m, v, step);
   require_apart("adamw", {{param, "param"}, {m, "m"}, {v, "v"}}, {{grad, "grad"}});
   adamw_impl(param, grad, m, v, step);
 }

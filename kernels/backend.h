@@ -76,6 +76,9 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual std::string name() const = 0;
+  // The kind of device this backend computes on, or plans for: the ops' dtype rules follow it
+  // (kernels/op_dtypes.h).
+  virtual BackendKind kind() const = 0;
   // Element type of weights and activations used in the forward pass (f32 on cpu).
   virtual DType compute_dtype() const = 0;
   virtual void set_num_threads(int threads) = 0;
@@ -150,10 +153,11 @@ class Backend {
 
   // ---- the ops ---------------------------------------------------------------------------
   // The ops are listed once, in kernels/op_table.h. Each op is a non-virtual front
-  // (kernels/backend.cpp): it checks the op's contract, the shape rules every backend shares
-  // (kernels/op_contracts.h; upload, download, fill_zero, scale and sum_squares take any tensor),
-  // and then calls the backend's <op>_impl below. Each implementation checks only what is its own:
-  // the dtypes it accepts, its kernels' limits and the values of tensor data it reads.
+  // (kernels/backend.cpp): it checks the op's contract, the shape and dtype rules every backend
+  // shares (kernels/op_contracts.h; upload, download and fill_zero take any tensor, scale and
+  // sum_squares any float one), and then calls the backend's <op>_impl below. Each
+  // implementation checks only what is its own: its kernels' limits and the values of tensor
+  // data it reads.
 
   // ---- data movement -------------------------------------------------------------------
   void upload(const Tensor& dst, const void* host_src);

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/op_dtypes.h"
+
 namespace ulysses::contracts {
 
 namespace {
@@ -48,8 +50,8 @@ void check_positions(const Tensor& positions, const char* name, const Tensor& to
                             positions.shape_string());
 }
 
-void check_attention(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                     const Tensor& v, const Documents& documents, const char* op) {
+void check_attention(BackendKind kind, const Tensor& out, const Tensor& lse, const Tensor& q,
+                     const Tensor& k, const Tensor& v, const Documents& documents, const char* op) {
   require_ndim(q, 4, op, "q");
   require_ndim(k, 4, op, "k");
   require_ndim(v, 4, op, "v");
@@ -64,6 +66,12 @@ void check_attention(const Tensor& out, const Tensor& lse, const Tensor& q, cons
   require_numel(lse, s.batch * s.q_heads * s.seq_len, op, "lse");
   const std::string problem = documents_problem(documents, s.batch, s.seq_len);
   if (!problem.empty()) throw std::invalid_argument(std::string(op) + ": " + problem);
+  DTypeRules(kind, op)
+      .element(q, "q")
+      .like(k, "k", q, "q")
+      .like(v, "v", q, "q")
+      .like(out, "out", q, "q")
+      .fixed(lse, "lse", DType::f32);
 }
 
 }  // namespace
@@ -98,11 +106,21 @@ void check_copy_2d(int64_t dst_pitch, int64_t src_pitch, int64_t row_bytes, int6
                                 std::to_string(dst_pitch) + " src " + std::to_string(src_pitch));
 }
 
-void check_axpy(const Tensor& y, const Tensor& x) {
+void check_axpy(BackendKind kind, const Tensor& y, const Tensor& x) {
   require_numel(x, y.numel(), "axpy", "x");
+  DTypeRules(kind, "axpy").element(y, "y").element(x, "x");
+  // A bf16 sum of f32 terms would round each one: only a wider y takes a narrower x.
+  if (y.dtype == DType::bf16 && x.dtype == DType::f32)
+    throw std::invalid_argument("axpy: y " + describe(y) + " is bf16 but x " + describe(x) +
+                                " is f32 (supported: same dtypes, or f32 y with bf16 x)");
 }
 
-void check_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+void check_elementwise(BackendKind kind, const char* op, const Tensor& x) {
+  DTypeRules(kind, op).element(x, "x");
+}
+
+void check_gemm(BackendKind kind, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                const Tensor& c) {
   require_ndim(a, 2, "gemm", "a");
   require_ndim(b, 2, "gemm", "b");
   require_ndim(c, 2, "gemm", "c");
@@ -115,44 +133,62 @@ void check_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, co
                                 (trans_a ? "^T" : "") + " · b " + b.shape_string() +
                                 (trans_b ? "^T" : "") + " -> c " + c.shape_string() +
                                 " (need op(a) [M, K], op(b) [K, N], c [M, N])");
+  DTypeRules(kind, "gemm").element(a, "a").like(b, "b", a, "a").element(c, "c");
+  if (a.dtype == DType::f32 && c.dtype != DType::f32)
+    throw std::invalid_argument("gemm: f32 inputs a " + describe(a) + " and b " + describe(b) +
+                                " need an f32 c (got " + describe(c) + ")");
 }
 
-void check_bias_forward(const Tensor& out, const Tensor& bias) {
+void check_bias_forward(BackendKind kind, const Tensor& out, const Tensor& bias) {
   rows_of(out, bias.numel(), "bias_forward", "out");
+  DTypeRules(kind, "bias_forward").element(out, "out").element(bias, "bias");
 }
 
-void check_bias_backward(const Tensor& dbias, const Tensor& dout) {
+void check_bias_backward(BackendKind kind, const Tensor& dbias, const Tensor& dout) {
   rows_of(dout, dbias.numel(), "bias_backward", "dout");
+  DTypeRules(kind, "bias_backward").element(dout, "dout").fixed(dbias, "dbias", DType::f32);
 }
 
-void check_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                             const Tensor& wpe, int64_t pos_offset) {
+void check_embedding_forward(BackendKind kind, const Tensor& out, const Tensor& tokens,
+                             const Tensor& wte, const Tensor& wpe, int64_t pos_offset) {
   const char* op = "embedding_forward";
   require_ndim(wte, 2, op, "wte");
   require_numel(out, tokens.numel() * wte.shape[1], op, "out");
   if (!wpe.empty())
     check_positions(wpe, "wpe", wte, "wte", pos_offset, sequence_length(tokens), op);
+  const DTypeRules rules(kind, op);
+  rules.element(wte, "wte").like(out, "out", wte, "wte").fixed(tokens, "tokens", DType::i32);
+  if (!wpe.empty()) rules.like(wpe, "wpe", wte, "wte");
 }
 
-void check_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                              const Tensor& tokens, int64_t pos_offset) {
+void check_embedding_backward(BackendKind kind, const Tensor& dwte, const Tensor& dwpe,
+                              const Tensor& dout, const Tensor& tokens, int64_t pos_offset) {
   const char* op = "embedding_backward";
   require_ndim(dwte, 2, op, "dwte");
   require_numel(dout, tokens.numel() * dwte.shape[1], op, "dout");
   if (!dwpe.empty())
     check_positions(dwpe, "dwpe", dwte, "dwte", pos_offset, sequence_length(tokens), op);
+  const DTypeRules rules(kind, op);
+  rules.element(dout, "dout").fixed(dwte, "dwte", DType::f32).fixed(tokens, "tokens", DType::i32);
+  if (!dwpe.empty()) rules.fixed(dwpe, "dwpe", DType::f32);
 }
 
-void check_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+void check_rmsnorm_forward(BackendKind kind, const Tensor& out, const Tensor& rstd, const Tensor& x,
                            const Tensor& weight) {
   const char* op = "rmsnorm_forward";
   const int64_t rows = rows_of(x, weight.numel(), op, "x");
   require_numel(out, x.numel(), op, "out");
   require_numel(rstd, rows, op, "rstd");
+  DTypeRules(kind, op)
+      .element(x, "x")
+      .like(out, "out", x, "x")
+      .like(weight, "weight", x, "x")
+      .fixed(rstd, "rstd", DType::f32);
 }
 
-void check_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                            const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+void check_rmsnorm_backward(BackendKind kind, const Tensor& dx, const Tensor& dweight,
+                            const Tensor& dout, const Tensor& x, const Tensor& weight,
+                            const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
   const int64_t width = weight.numel();
   const int64_t rows = rows_of(x, width, op, "x");
@@ -160,10 +196,18 @@ void check_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tenso
   require_numel(dout, x.numel(), op, "dout");
   require_numel(dweight, width, op, "dweight");
   require_numel(rstd, rows, op, "rstd");
+  DTypeRules(kind, op)
+      .element(x, "x")
+      .like(dx, "dx", x, "x")
+      .like(dout, "dout", x, "x")
+      .like(weight, "weight", x, "x")
+      .fixed(dweight, "dweight", DType::f32)
+      .fixed(rstd, "rstd", DType::f32);
 }
 
-void check_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& x, const Tensor& weight, const Tensor& bias) {
+void check_layernorm_forward(BackendKind kind, const Tensor& out, const Tensor& mean,
+                             const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                             const Tensor& bias) {
   const char* op = "layernorm_forward";
   const int64_t width = weight.numel();
   const int64_t rows = rows_of(x, width, op, "x");
@@ -171,11 +215,18 @@ void check_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
   require_numel(bias, width, op, "bias");
+  DTypeRules(kind, op)
+      .element(x, "x")
+      .like(out, "out", x, "x")
+      .like(weight, "weight", x, "x")
+      .like(bias, "bias", x, "x")
+      .fixed(mean, "mean", DType::f32)
+      .fixed(rstd, "rstd", DType::f32);
 }
 
-void check_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                              const Tensor& dout, const Tensor& x, const Tensor& weight,
-                              const Tensor& mean, const Tensor& rstd) {
+void check_layernorm_backward(BackendKind kind, const Tensor& dx, const Tensor& dweight,
+                              const Tensor& dbias, const Tensor& dout, const Tensor& x,
+                              const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   const char* op = "layernorm_backward";
   const int64_t width = weight.numel();
   const int64_t rows = rows_of(x, width, op, "x");
@@ -185,43 +236,70 @@ void check_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Ten
   require_numel(dbias, width, op, "dbias");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
+  DTypeRules(kind, op)
+      .element(x, "x")
+      .like(dx, "dx", x, "x")
+      .like(dout, "dout", x, "x")
+      .like(weight, "weight", x, "x")
+      .fixed(dweight, "dweight", DType::f32)
+      .fixed(dbias, "dbias", DType::f32)
+      .fixed(mean, "mean", DType::f32)
+      .fixed(rstd, "rstd", DType::f32);
 }
 
-void check_rope(const Tensor& x, int64_t pos_offset) {
+void check_rope(BackendKind kind, const Tensor& x, int64_t pos_offset) {
   require_ndim(x, 4, "rope", "x");
   if (x.shape[3] % 2 != 0)
     throw std::invalid_argument("rope: head dim " + std::to_string(x.shape[3]) + " is odd");
   if (pos_offset < 0) throw std::invalid_argument("rope: negative pos_offset");
+  DTypeRules(kind, "rope").element(x, "x");
 }
 
-void check_swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+void check_swiglu_forward(BackendKind kind, const Tensor& out, const Tensor& gate,
+                          const Tensor& up) {
   const int64_t n = out.numel();
   require_numel(gate, n, "swiglu_forward", "gate");
   require_numel(up, n, "swiglu_forward", "up");
+  DTypeRules(kind, "swiglu_forward")
+      .element(gate, "gate")
+      .like(out, "out", gate, "gate")
+      .like(up, "up", gate, "gate");
 }
 
-void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                           const Tensor& gate, const Tensor& up) {
+void check_swiglu_backward(BackendKind kind, const Tensor& dgate, const Tensor& dup,
+                           const Tensor& dout, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_backward";
   const int64_t n = dout.numel();
   require_numel(dgate, n, op, "dgate");
   require_numel(dup, n, op, "dup");
   require_numel(gate, n, op, "gate");
   require_numel(up, n, op, "up");
+  DTypeRules(kind, op)
+      .element(gate, "gate")
+      .like(dgate, "dgate", gate, "gate")
+      .like(dup, "dup", gate, "gate")
+      .like(dout, "dout", gate, "gate")
+      .like(up, "up", gate, "gate");
 }
 
-void check_gelu_forward(const Tensor& out, const Tensor& x) {
+void check_gelu_forward(BackendKind kind, const Tensor& out, const Tensor& x) {
   require_numel(out, x.numel(), "gelu_forward", "out");
+  DTypeRules(kind, "gelu_forward").element(x, "x").like(out, "out", x, "x");
 }
 
-void check_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+void check_gelu_backward(BackendKind kind, const Tensor& dx, const Tensor& dout, const Tensor& x) {
   require_numel(dx, x.numel(), "gelu_backward", "dx");
   require_numel(dout, x.numel(), "gelu_backward", "dout");
+  DTypeRules(kind, "gelu_backward")
+      .element(x, "x")
+      .like(dx, "dx", x, "x")
+      .like(dout, "dout", x, "x");
 }
 
-void check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, const Documents& documents) {
-  check_attention(out, lse, q, k, v, documents, "attention_forward");
+void check_attention_forward(BackendKind kind, const Tensor& out, const Tensor& lse,
+                             const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Documents& documents) {
+  check_attention(kind, out, lse, q, k, v, documents, "attention_forward");
 }
 
 void check_block(int64_t q_first, int64_t k_first, const Documents& documents, const Tensor& q,
@@ -236,19 +314,26 @@ void check_block(int64_t q_first, int64_t k_first, const Documents& documents, c
   if (!problem.empty()) throw std::invalid_argument(std::string(op) + ": " + problem);
 }
 
-void check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, const Documents& documents) {
+void check_attention_backward(BackendKind kind, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, const Tensor& dout, const Tensor& q,
+                              const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const Documents& documents) {
   const char* op = "attention_backward";
-  check_attention(out, lse, q, k, v, documents, op);
+  check_attention(kind, out, lse, q, k, v, documents, op);
   require_numel(dq, q.numel(), op, "dq");
   require_numel(dout, q.numel(), op, "dout");
   require_numel(dk, k.numel(), op, "dk");
   require_numel(dv, k.numel(), op, "dv");
+  DTypeRules(kind, op)
+      .like(dq, "dq", q, "q")
+      .like(dk, "dk", q, "q")
+      .like(dv, "dv", q, "q")
+      .like(dout, "dout", q, "q");
 }
 
-void check_lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                        int64_t tile_rows, const Tensor& dhidden, const Tensor& dweight) {
+void check_lm_head_loss(BackendKind kind, const Tensor& hidden, const Tensor& weight,
+                        const Tensor& targets, int64_t tile_rows, const Tensor& dhidden,
+                        const Tensor& dweight) {
   const char* op = "lm_head_loss";
   require_ndim(weight, 2, op, "weight");
   const int64_t vocab = weight.shape[0], width = weight.shape[1];
@@ -259,15 +344,26 @@ void check_lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor
     require_numel(dhidden, rows * width, op, "dhidden");
     require_numel(dweight, vocab * width, op, "dweight");
   }
+  const DTypeRules rules(kind, op);
+  rules.element(hidden, "hidden")
+      .like(weight, "weight", hidden, "hidden")
+      .fixed(targets, "targets", DType::i32);
+  if (!dhidden.empty())
+    rules.like(dhidden, "dhidden", hidden, "hidden").fixed(dweight, "dweight", DType::f32);
 }
 
-void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamWStep& step) {
+void check_adamw(BackendKind kind, const Tensor& param, const Tensor& grad, const Tensor& m,
+                 const Tensor& v, const AdamWStep& step) {
   const int64_t n = param.numel();
   require_numel(grad, n, "adamw", "grad");
   require_numel(m, n, "adamw", "m");
   require_numel(v, n, "adamw", "v");
   if (step.step < 1) throw std::invalid_argument("adamw: step must be >= 1 (1-based)");
+  DTypeRules(kind, "adamw")
+      .fixed(param, "param", DType::f32)
+      .fixed(grad, "grad", DType::f32)
+      .fixed(m, "m", DType::f32)
+      .fixed(v, "v", DType::f32);
 }
 
 void check_token_ids(const int32_t* ids, int64_t count, int64_t vocab, const char* op) {

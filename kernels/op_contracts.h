@@ -1,10 +1,12 @@
-// The contract of each Backend op (kernels/backend.h): the ranks, element counts, row counts
-// and argument ranges that every backend requires alike, checked once by the op's front
-// before the backend's implementation runs. A violation throws std::invalid_argument (or
-// std::out_of_range for positions) with a message that names the op and the tensor.
-// Dtype rules stay with each backend (kernels/cpu/cpu_common.h, kernels/cuda/cuda_common.cuh),
-// since what each accepts differs; so do limits of one backend's kernels. Contracts read
-// shapes only, never tensor data: the planner's buffers have none (kernels/planning_backend.h).
+// The contract of each Backend op (kernels/backend.h): the ranks, element counts, row counts,
+// argument ranges and dtypes that every backend requires alike, checked once by the op's
+// front before the backend's implementation runs. A violation throws std::invalid_argument
+// (or std::out_of_range for positions) with a message that names the op and the tensor.
+// The dtype rules (kernels/op_dtypes.h) are the same for every backend except in which float
+// dtypes its kernels take, the one table kernel_dtypes; the kind of the calling backend is
+// each check's first argument. Only the limits of one backend's kernels (a head dim, a grid
+// size) stay with that backend. Contracts read shapes and dtypes only, never tensor data: the
+// planner's buffers have none (kernels/planning_backend.h).
 #pragma once
 
 #include <cstdint>
@@ -28,43 +30,52 @@ int64_t sequence_length(const Tensor& tokens);
 void check_copy(const Tensor& dst, const Tensor& src);
 void check_cast(const Tensor& dst, const Tensor& src);
 void check_copy_2d(int64_t dst_pitch, int64_t src_pitch, int64_t row_bytes, int64_t rows);
-void check_axpy(const Tensor& y, const Tensor& x);
-void check_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c);
-void check_bias_forward(const Tensor& out, const Tensor& bias);
-void check_bias_backward(const Tensor& dbias, const Tensor& dout);
-void check_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                             const Tensor& wpe, int64_t pos_offset);
-void check_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                              const Tensor& tokens, int64_t pos_offset);
-void check_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+void check_axpy(BackendKind kind, const Tensor& y, const Tensor& x);
+// scale and sum_squares: any shape of an element tensor x.
+void check_elementwise(BackendKind kind, const char* op, const Tensor& x);
+void check_gemm(BackendKind kind, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                const Tensor& c);
+void check_bias_forward(BackendKind kind, const Tensor& out, const Tensor& bias);
+void check_bias_backward(BackendKind kind, const Tensor& dbias, const Tensor& dout);
+void check_embedding_forward(BackendKind kind, const Tensor& out, const Tensor& tokens,
+                             const Tensor& wte, const Tensor& wpe, int64_t pos_offset);
+void check_embedding_backward(BackendKind kind, const Tensor& dwte, const Tensor& dwpe,
+                              const Tensor& dout, const Tensor& tokens, int64_t pos_offset);
+void check_rmsnorm_forward(BackendKind kind, const Tensor& out, const Tensor& rstd, const Tensor& x,
                            const Tensor& weight);
-void check_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                            const Tensor& x, const Tensor& weight, const Tensor& rstd);
-void check_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& x, const Tensor& weight, const Tensor& bias);
-void check_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                              const Tensor& dout, const Tensor& x, const Tensor& weight,
-                              const Tensor& mean, const Tensor& rstd);
-void check_rope(const Tensor& x, int64_t pos_offset);
-void check_swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
-void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                           const Tensor& gate, const Tensor& up);
-void check_gelu_forward(const Tensor& out, const Tensor& x);
-void check_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x);
+void check_rmsnorm_backward(BackendKind kind, const Tensor& dx, const Tensor& dweight,
+                            const Tensor& dout, const Tensor& x, const Tensor& weight,
+                            const Tensor& rstd);
+void check_layernorm_forward(BackendKind kind, const Tensor& out, const Tensor& mean,
+                             const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                             const Tensor& bias);
+void check_layernorm_backward(BackendKind kind, const Tensor& dx, const Tensor& dweight,
+                              const Tensor& dbias, const Tensor& dout, const Tensor& x,
+                              const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+void check_rope(BackendKind kind, const Tensor& x, int64_t pos_offset);
+void check_swiglu_forward(BackendKind kind, const Tensor& out, const Tensor& gate,
+                          const Tensor& up);
+void check_swiglu_backward(BackendKind kind, const Tensor& dgate, const Tensor& dup,
+                           const Tensor& dout, const Tensor& gate, const Tensor& up);
+void check_gelu_forward(BackendKind kind, const Tensor& out, const Tensor& x);
+void check_gelu_backward(BackendKind kind, const Tensor& dx, const Tensor& dout, const Tensor& x);
 // Document starts (if any) must fit the batch and sequence length (documents_problem).
-void check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, const Documents& documents);
+void check_attention_forward(BackendKind kind, const Tensor& out, const Tensor& lse,
+                             const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Documents& documents);
 // The positions of a block's first query and first key: both >= 0; its documents (the starts
 // of the whole sequences, which reach past the block) fit the batch of q.
 void check_block(int64_t q_first, int64_t k_first, const Documents& documents, const Tensor& q,
                  const char* op);
-void check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, const Documents& documents);
-void check_lm_head_loss(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
-                        int64_t tile_rows, const Tensor& dhidden, const Tensor& dweight);
-void check_adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamWStep& step);
+void check_attention_backward(BackendKind kind, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, const Tensor& dout, const Tensor& q,
+                              const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const Documents& documents);
+void check_lm_head_loss(BackendKind kind, const Tensor& hidden, const Tensor& weight,
+                        const Tensor& targets, int64_t tile_rows, const Tensor& dhidden,
+                        const Tensor& dweight);
+void check_adamw(BackendKind kind, const Tensor& param, const Tensor& grad, const Tensor& m,
+                 const Tensor& v, const AdamWStep& step);
 
 // Aliasing: each output must share no byte with the other outputs or with any input listed
 // (empty tensors are skipped). Where an op allows an output to be an input's memory (dx and

@@ -7,11 +7,10 @@
 // where each op's meaning is documented.
 //
 // Adding an op (docs/design.md, "Adding a backend op"): its row here; its front in
-// kernels/backend.h/.cpp; its contract in kernels/op_contracts.h (the shapes every backend
-// requires); its kernels in each backend, with the dtypes each accepts (the compiler refuses a
-// backend without them);
-// its scratch in kernels/op_scratch.h and the planning backend if it allocates any; its rows in
-// tests/test_backend_ops.cpp.
+// kernels/backend.h/.cpp; its contract in kernels/op_contracts.h (the shapes and dtypes every
+// backend requires, kernels/op_dtypes.h); its kernels in each backend (the compiler refuses a
+// backend without them); its scratch in kernels/op_scratch.h and the planning backend if it
+// allocates any; its rows in tests/test_backend_ops.cpp.
 //
 // Each row is OP(result, name, (parameters)).
 #pragma once

@@ -35,6 +35,7 @@ class PlanningBackend final : public ComputeFreeBackend {
   PlanningBackend(BackendKind kind, AttentionKernel attention, int cpu_threads);
 
   std::string name() const override;
+  BackendKind kind() const override { return kind_; }
   DType compute_dtype() const override { return compute_dtype_of(kind_); }
   void set_num_threads(int threads) override { threads_ = threads; }
   int64_t auto_loss_tile_tokens(int64_t vocab, int64_t width) const override {

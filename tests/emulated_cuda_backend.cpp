@@ -133,6 +133,7 @@ class EmulatedCudaBackend final : public Backend {
   ~EmulatedCudaBackend() override { profiler().set_device_timeline(nullptr); }
 
   std::string name() const override { return "cuda (emulated on the host)"; }
+  BackendKind kind() const override { return BackendKind::cuda; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cuda); }
   void set_num_threads(int) override {}
 

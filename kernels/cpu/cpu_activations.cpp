@@ -11,20 +11,13 @@
 
 namespace ulysses {
 
-using cpu::require_f32;
-using cpu::require_i32;
-
 void CpuBackend::embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                         const Tensor& wpe, int64_t pos_offset) {
   const char* op = "embedding_forward";
-  require_f32(out, op, "out");
-  require_i32(tokens, op, "tokens");
-  require_f32(wte, op, "wte");
   const int64_t vocab = wte.shape[0], width = wte.shape[1];
   const int64_t n = tokens.numel();
   const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !wpe.empty();
-  if (with_positions) require_f32(wpe, op, "wpe");
   contracts::check_token_ids(tokens.i32(), n, vocab, op);
 
   const int32_t* ids = tokens.i32();
@@ -48,14 +41,10 @@ void CpuBackend::embedding_forward_impl(const Tensor& out, const Tensor& tokens,
 void CpuBackend::embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                          const Tensor& tokens, int64_t pos_offset) {
   const char* op = "embedding_backward";
-  require_f32(dwte, op, "dwte");
-  require_f32(dout, op, "dout");
-  require_i32(tokens, op, "tokens");
   const int64_t vocab = dwte.shape[0], width = dwte.shape[1];
   const int64_t n = tokens.numel();
   const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !dwpe.empty();
-  if (with_positions) require_f32(dwpe, op, "dwpe");
   contracts::check_token_ids(tokens.i32(), n, vocab, op);
 
   const int32_t* ids = tokens.i32();
@@ -91,7 +80,6 @@ void CpuBackend::embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe,
 
 void CpuBackend::rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
   const char* op = "rope";
-  require_f32(x, op, "x");
   const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2], dim = x.shape[3];
   const int64_t half = dim / 2;
 
@@ -134,9 +122,6 @@ void CpuBackend::rope_impl(const Tensor& x, int64_t pos_offset, float theta, boo
 
 void CpuBackend::swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_forward";
-  require_f32(out, op, "out");
-  require_f32(gate, op, "gate");
-  require_f32(up, op, "up");
   const int64_t n = out.numel();
   float* o = out.f32();
   const float* g = gate.f32();
@@ -151,11 +136,6 @@ void CpuBackend::swiglu_forward_impl(const Tensor& out, const Tensor& gate, cons
 void CpuBackend::swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                                       const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_backward";
-  require_f32(dgate, op, "dgate");
-  require_f32(dup, op, "dup");
-  require_f32(dout, op, "dout");
-  require_f32(gate, op, "gate");
-  require_f32(up, op, "up");
   const int64_t n = dout.numel();
   float* dg = dgate.f32();
   float* du = dup.f32();
@@ -176,8 +156,6 @@ void CpuBackend::swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, co
 }
 
 void CpuBackend::gelu_forward_impl(const Tensor& out, const Tensor& x) {
-  require_f32(out, "gelu_forward", "out");
-  require_f32(x, "gelu_forward", "x");
   const int64_t n = x.numel();
   float* o = out.f32();
   const float* in = x.f32();
@@ -188,9 +166,6 @@ void CpuBackend::gelu_forward_impl(const Tensor& out, const Tensor& x) {
 }
 
 void CpuBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) {
-  require_f32(dx, "gelu_backward", "dx");
-  require_f32(dout, "gelu_backward", "dout");
-  require_f32(x, "gelu_backward", "x");
   const int64_t n = x.numel();
   float* d = dx.f32();
   const float* g = dout.f32();

@@ -34,14 +34,9 @@ struct AttentionShape {
   float scale;
 };
 
-// Dtypes are this backend's part of the contract; the front checked the shapes.
+// The front checked the shapes and dtypes (kernels/op_contracts.h).
 AttentionShape checked_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, const char* op) {
-  cpu::require_f32(q, op, "q");
-  cpu::require_f32(k, op, "k");
-  cpu::require_f32(v, op, "v");
-  cpu::require_f32(out, op, "out");
-  cpu::require_f32(lse, op, "lse");
   const contracts::AttentionShape in = contracts::attention_shape(q, k);
   return {in.batch,
           in.seq_len,
@@ -358,10 +353,6 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
   const char* op = "attention_backward";
   const AttentionShape s = checked_shape(q, k, v, out, lse, op);
   const std::vector<int64_t> start_of = row_document_starts(documents, q_first, s.seq_len);
-  cpu::require_f32(dq, op, "dq");
-  cpu::require_f32(dk, op, "dk");
-  cpu::require_f32(dv, op, "dv");
-  cpu::require_f32(dout, op, "dout");
   const int64_t pdim = s.padded_dim;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;

@@ -17,8 +17,6 @@
 
 namespace ulysses {
 
-using cpu::require_f32;
-
 void CpuBackend::set_num_threads(int threads) {
   if (threads < 1) throw std::invalid_argument("set_num_threads: threads must be >= 1");
   omp_set_num_threads(threads);
@@ -155,8 +153,6 @@ void CpuBackend::copy_2d_impl(void* dst, int64_t dst_pitch, const void* src, int
 // ---- elementwise -------------------------------------------------------------------------
 
 void CpuBackend::axpy_impl(const Tensor& y, const Tensor& x, float alpha) {
-  require_f32(y, "axpy", "y");
-  require_f32(x, "axpy", "x");
   float* out = y.f32();
   const float* in = x.f32();
   const int64_t n = y.numel();
@@ -165,7 +161,6 @@ void CpuBackend::axpy_impl(const Tensor& y, const Tensor& x, float alpha) {
 }
 
 void CpuBackend::scale_impl(const Tensor& x, float alpha) {
-  require_f32(x, "scale", "x");
   float* data = x.f32();
   const int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static)
@@ -173,7 +168,6 @@ void CpuBackend::scale_impl(const Tensor& x, float alpha) {
 }
 
 double CpuBackend::sum_squares_impl(const Tensor& x) {
-  require_f32(x, "sum_squares", "x");
   const float* data = x.f32();
   const int64_t n = x.numel();
   // Fixed chunks summed in chunk order: the result does not depend on the thread count.
@@ -196,9 +190,6 @@ double CpuBackend::sum_squares_impl(const Tensor& x) {
 
 void CpuBackend::gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                            const Tensor& c, float alpha, float beta) {
-  require_f32(a, "gemm", "a");
-  require_f32(b, "gemm", "b");
-  require_f32(c, "gemm", "c");
   const int64_t m = c.shape[0], n = c.shape[1];
   const int64_t k = trans_a ? a.shape[0] : a.shape[1];
   if (m == 0 || n == 0) return;
@@ -224,8 +215,6 @@ void CpuBackend::sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 }
 
 void CpuBackend::bias_forward_impl(const Tensor& out, const Tensor& bias) {
-  require_f32(out, "bias_forward", "out");
-  require_f32(bias, "bias_forward", "bias");
   const int64_t width = bias.numel();
   const int64_t rows = out.numel() / width;
   float* o = out.f32();
@@ -239,8 +228,6 @@ void CpuBackend::bias_forward_impl(const Tensor& out, const Tensor& bias) {
 }
 
 void CpuBackend::bias_backward_impl(const Tensor& dbias, const Tensor& dout) {
-  require_f32(dbias, "bias_backward", "dbias");
-  require_f32(dout, "bias_backward", "dout");
   const int64_t width = dbias.numel();
   const int64_t rows = dout.numel() / width;
   float* db = dbias.f32();
@@ -265,10 +252,6 @@ void CpuBackend::bias_backward_impl(const Tensor& dbias, const Tensor& dout) {
 
 void CpuBackend::adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m,
                             const Tensor& v, const AdamWStep& step) {
-  require_f32(param, "adamw", "param");
-  require_f32(grad, "adamw", "grad");
-  require_f32(m, "adamw", "m");
-  require_f32(v, "adamw", "v");
   const int64_t n = param.numel();
   const formulas::AdamWScalars scalars = formulas::adamw_scalars(step);
   float* p = param.f32();

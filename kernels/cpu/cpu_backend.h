@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
   void wait_upload(int64_t ticket) override;
 
   std::string name() const override { return "cpu"; }
+  BackendKind kind() const override { return BackendKind::cpu; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cpu); }
   void set_num_threads(int threads) override;
   // Whether OpenBLAS runs its GEMMs on the OpenMP threads of the other cpu ops, rather than

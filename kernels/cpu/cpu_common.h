@@ -1,32 +1,14 @@
-// Helpers shared by the cpu backend's source files: dtype checks (done before any OpenMP
-// region, since an exception must not leave one; the shapes are the op's contract,
-// kernels/op_contracts.h) and a vectorisable exp.
+// Helpers shared by the cpu backend's source files: comparisons without branches and a
+// vectorisable exp. The dtypes and shapes of every op are checked by its contract
+// (kernels/op_contracts.h) before any OpenMP region, since an exception must not leave one.
 #pragma once
 
 #include <bit>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #include "kernels/tensor.h"
 
 namespace ulysses::cpu {
-
-inline void require_f32(const Tensor& t, const char* op, const char* name) {
-  if (t.dtype != DType::f32 || t.data == nullptr) {
-    throw std::invalid_argument(std::string(op) + ": " + name +
-                                " must be a non-empty f32 tensor (got " + dtype_name(t.dtype) +
-                                " " + t.shape_string() + ")");
-  }
-}
-
-inline void require_i32(const Tensor& t, const char* op, const char* name) {
-  if (t.dtype != DType::i32 || t.data == nullptr) {
-    throw std::invalid_argument(std::string(op) + ": " + name +
-                                " must be a non-empty i32 tensor (got " + dtype_name(t.dtype) +
-                                " " + t.shape_string() + ")");
-  }
-}
 
 // Comparison and selection through the sign bit and integer masks. Under GCC's default
 // -ftrapping-math a floating-point compare keeps a loop from vectorising; these become

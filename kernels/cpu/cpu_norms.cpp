@@ -8,8 +8,6 @@
 
 namespace ulysses {
 
-using cpu::require_f32;
-
 namespace {
 
 // dst[j] += sum over r of term(r, j), for j < width. Threads own blocks of columns, so every
@@ -35,10 +33,6 @@ void add_column_sums(float* dst, int64_t width, int64_t rows, Term term) {
 void CpuBackend::rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                       const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
-  require_f32(out, op, "out");
-  require_f32(rstd, op, "rstd");
-  require_f32(x, op, "x");
-  require_f32(weight, op, "weight");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
 
@@ -62,12 +56,6 @@ void CpuBackend::rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, con
 void CpuBackend::rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                        const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
-  require_f32(dx, op, "dx");
-  require_f32(dweight, op, "dweight");
-  require_f32(dout, op, "dout");
-  require_f32(x, op, "x");
-  require_f32(weight, op, "weight");
-  require_f32(rstd, op, "rstd");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
 
@@ -102,12 +90,6 @@ void CpuBackend::layernorm_forward_impl(const Tensor& out, const Tensor& mean, c
                                         const Tensor& x, const Tensor& weight, const Tensor& bias,
                                         float eps) {
   const char* op = "layernorm_forward";
-  require_f32(out, op, "out");
-  require_f32(mean, op, "mean");
-  require_f32(rstd, op, "rstd");
-  require_f32(x, op, "x");
-  require_f32(weight, op, "weight");
-  require_f32(bias, op, "bias");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
 
@@ -143,14 +125,6 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dx, const Tensor& dweight
                                          const Tensor& weight, const Tensor& mean,
                                          const Tensor& rstd) {
   const char* op = "layernorm_backward";
-  require_f32(dx, op, "dx");
-  require_f32(dweight, op, "dweight");
-  require_f32(dbias, op, "dbias");
-  require_f32(dout, op, "dout");
-  require_f32(x, op, "x");
-  require_f32(weight, op, "weight");
-  require_f32(mean, op, "mean");
-  require_f32(rstd, op, "rstd");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
 

@@ -33,14 +33,10 @@ std::vector<int32_t> checked_token_ids(CudaBackend& backend, const Tensor& token
 void CudaBackend::embedding_forward_impl(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                          const Tensor& wpe, int64_t pos_offset) {
   const char* op = "embedding_forward";
-  cuda::require_float(wte, op, "wte");
-  cuda::require_same_dtype(out, wte, op, "out", "wte");
-  cuda::require_dtype(tokens, DType::i32, op, "tokens");
   const int64_t vocab = wte.shape[0], width = wte.shape[1];
   const int64_t n = tokens.numel();
   const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !wpe.empty();
-  if (with_positions) cuda::require_same_dtype(wpe, wte, op, "wpe", "wte");
   checked_token_ids(*this, tokens, vocab, op);
   if (n == 0) return;
   cuda::dispatch_float(wte, op, [&](auto tag) {
@@ -57,14 +53,10 @@ void CudaBackend::embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe
                                           const Tensor& dout, const Tensor& tokens,
                                           int64_t pos_offset) {
   const char* op = "embedding_backward";
-  cuda::require_dtype(dwte, DType::f32, op, "dwte");
-  cuda::require_float(dout, op, "dout");
-  cuda::require_dtype(tokens, DType::i32, op, "tokens");
   const int64_t vocab = dwte.shape[0], width = dwte.shape[1];
   const int64_t n = tokens.numel();
   const int64_t seq_len = contracts::sequence_length(tokens);
   const bool with_positions = !dwpe.empty();
-  if (with_positions) cuda::require_dtype(dwpe, DType::f32, op, "dwpe");
   if (n > int64_t(0x7fffffff))
     throw std::invalid_argument(std::string(op) + ": more than 2^31 tokens in one call");
   const std::vector<int32_t> ids = checked_token_ids(*this, tokens, vocab, op);
@@ -99,7 +91,6 @@ void CudaBackend::embedding_backward_impl(const Tensor& dwte, const Tensor& dwpe
 
 void CudaBackend::rope_impl(const Tensor& x, int64_t pos_offset, float theta, bool inverse) {
   const char* op = "rope";
-  cuda::require_float(x, op, "x");
   const int64_t batch = x.shape[0], seq_len = x.shape[1], heads = x.shape[2], dim = x.shape[3];
   const int64_t half = dim / 2;
   if (x.numel() == 0) return;
@@ -124,9 +115,6 @@ void CudaBackend::rope_impl(const Tensor& x, int64_t pos_offset, float theta, bo
 
 void CudaBackend::swiglu_forward_impl(const Tensor& out, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_forward";
-  cuda::require_float(gate, op, "gate");
-  cuda::require_same_dtype(out, gate, op, "out", "gate");
-  cuda::require_same_dtype(up, gate, op, "up", "gate");
   const int64_t n = out.numel();
   if (n == 0) return;
   cuda::dispatch_float(gate, op, [&](auto tag) {
@@ -142,11 +130,6 @@ void CudaBackend::swiglu_forward_impl(const Tensor& out, const Tensor& gate, con
 void CudaBackend::swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                                        const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_backward";
-  cuda::require_float(gate, op, "gate");
-  cuda::require_same_dtype(dgate, gate, op, "dgate", "gate");
-  cuda::require_same_dtype(dup, gate, op, "dup", "gate");
-  cuda::require_same_dtype(dout, gate, op, "dout", "gate");
-  cuda::require_same_dtype(up, gate, op, "up", "gate");
   const int64_t n = dout.numel();
   if (n == 0) return;
   cuda::dispatch_float(gate, op, [&](auto tag) {
@@ -161,8 +144,6 @@ void CudaBackend::swiglu_backward_impl(const Tensor& dgate, const Tensor& dup, c
 
 void CudaBackend::gelu_forward_impl(const Tensor& out, const Tensor& x) {
   const char* op = "gelu_forward";
-  cuda::require_float(x, op, "x");
-  cuda::require_same_dtype(out, x, op, "out", "x");
   const int64_t n = x.numel();
   if (n == 0) return;
   cuda::dispatch_float(x, op, [&](auto tag) {
@@ -176,9 +157,6 @@ void CudaBackend::gelu_forward_impl(const Tensor& out, const Tensor& x) {
 
 void CudaBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   const char* op = "gelu_backward";
-  cuda::require_float(x, op, "x");
-  cuda::require_same_dtype(dx, x, op, "dx", "x");
-  cuda::require_same_dtype(dout, x, op, "dout", "x");
   const int64_t n = x.numel();
   if (n == 0) return;
   cuda::dispatch_float(x, op, [&](auto tag) {

@@ -47,15 +47,10 @@ void allow_shared_memory(Kernel kernel, size_t bytes, const char* op) {
              op);
 }
 
-// Dtypes and the kernels' limits are this backend's part of the contract; the front checked
-// the shapes (kernels/op_contracts.h).
+// The kernels' limits are this backend's part of the contract; the front checked the shapes
+// and dtypes (kernels/op_contracts.h).
 AttentionDims checked_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            const Tensor& lse, const char* op) {
-  cuda::require_dtype(q, DType::bf16, op, "q");
-  cuda::require_dtype(k, DType::bf16, op, "k");
-  cuda::require_dtype(v, DType::bf16, op, "v");
-  cuda::require_dtype(out, DType::bf16, op, "out");
-  cuda::require_dtype(lse, DType::f32, op, "lse");
   const contracts::AttentionShape s = contracts::attention_shape(q, k);
   if (s.dim < 2 || s.dim > kMaxHeadDim || s.dim % 2 != 0)
     throw std::invalid_argument(std::string(op) + ": head dim " + std::to_string(s.dim) +
@@ -197,10 +192,6 @@ void CudaBackend::attention_gradients_into(const Tensor& dq, const Tensor& dk, c
                                            int64_t q_first, int64_t k_first,
                                            const Documents& documents, const char* op) {
   const AttentionDims dims = checked_dims(q, k, v, out, lse, op);
-  cuda::require_dtype(dq, DType::bf16, op, "dq");
-  cuda::require_dtype(dk, DType::bf16, op, "dk");
-  cuda::require_dtype(dv, DType::bf16, op, "dv");
-  cuda::require_dtype(dout, DType::bf16, op, "dout");
   if (q.numel() == 0) return;
 #ifdef ULYSSES_WITH_CUDNN
   if (cudnn_attention_ && !documents.none()) refuse_cudnn_documents(op);

@@ -345,13 +345,6 @@ void CudaBackend::cast_impl(const Tensor& dst, const Tensor& src) {
 }
 
 void CudaBackend::axpy_impl(const Tensor& y, const Tensor& x, float alpha) {
-  cuda::require_float(y, "axpy", "y");
-  cuda::require_float(x, "axpy", "x");
-  if (y.dtype == DType::bf16 && x.dtype == DType::f32)
-    throw std::invalid_argument("axpy: y " + cuda::describe(y) + " is bf16 but x " +
-                                cuda::describe(x) +
-                                " is f32 (supported: same dtypes, or f32 y "
-                                "with bf16 x)");
   const int64_t n = y.numel();
   if (n == 0) return;
   dispatch_float(y, "axpy", [&](auto y_tag) {
@@ -367,7 +360,6 @@ void CudaBackend::axpy_impl(const Tensor& y, const Tensor& x, float alpha) {
 }
 
 void CudaBackend::scale_impl(const Tensor& x, float alpha) {
-  cuda::require_float(x, "scale", "x");
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_float(x, "scale", [&](auto tag) {
@@ -380,7 +372,6 @@ void CudaBackend::scale_impl(const Tensor& x, float alpha) {
 }
 
 double CudaBackend::sum_squares_impl(const Tensor& x) {
-  cuda::require_float(x, "sum_squares", "x");
   const int64_t n = x.numel();
   if (n == 0) return 0.0;
   const int blocks = cuda::sum_squares_blocks(n);
@@ -404,8 +395,6 @@ double CudaBackend::sum_squares_impl(const Tensor& x) {
 // ---- bias --------------------------------------------------------------------------------
 
 void CudaBackend::bias_forward_impl(const Tensor& out, const Tensor& bias) {
-  cuda::require_float(out, "bias_forward", "out");
-  cuda::require_float(bias, "bias_forward", "bias");
   const int64_t width = bias.numel();
   const int64_t rows = out.numel() / width;
   if (rows == 0) return;
@@ -429,8 +418,6 @@ void CudaBackend::reduce_columns(float* dst, const float* parts, int64_t rows, i
 }
 
 void CudaBackend::bias_backward_impl(const Tensor& dbias, const Tensor& dout) {
-  cuda::require_dtype(dbias, DType::f32, "bias_backward", "dbias");
-  cuda::require_float(dout, "bias_backward", "dout");
   const int64_t width = dbias.numel();
   const int64_t rows = dout.numel() / width;
   if (rows == 0) return;
@@ -453,10 +440,6 @@ void CudaBackend::bias_backward_impl(const Tensor& dbias, const Tensor& dout) {
 
 void CudaBackend::adamw_impl(const Tensor& param, const Tensor& grad, const Tensor& m,
                              const Tensor& v, const AdamWStep& step) {
-  cuda::require_dtype(param, DType::f32, "adamw", "param");
-  cuda::require_dtype(grad, DType::f32, "adamw", "grad");
-  cuda::require_dtype(m, DType::f32, "adamw", "m");
-  cuda::require_dtype(v, DType::f32, "adamw", "v");
   const int64_t n = param.numel();
   if (n == 0) return;
   // The scalars and the update are the cpu backend's (kernels/op_formulas.h).

@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
+  BackendKind kind() const override { return BackendKind::cuda; }
   DType compute_dtype() const override { return compute_dtype_of(BackendKind::cuda); }
   void set_num_threads(int threads) override;
   int64_t auto_loss_tile_tokens(int64_t vocab, int64_t width) const override {

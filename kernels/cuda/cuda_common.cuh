@@ -1,5 +1,5 @@
 // Helpers shared by the CUDA backend's host code: status checks that throw, a checked launch on
-// a stream, and dtype checks that name the op and tensor (the shapes are the op's contract,
+// a stream, and the dispatch on a float dtype (the dtypes and shapes are the op's contract,
 // kernels/op_contracts.h). The device environment is kernels/cuda/cuda_device.cuh.
 #pragma once
 
@@ -42,33 +42,6 @@ struct StreamLaunch {
     check_launch(op);
   }
 };
-
-inline std::string describe(const Tensor& t) {
-  return std::string(dtype_name(t.dtype)) + " " + t.shape_string();
-}
-
-inline void require_dtype(const Tensor& t, DType dtype, const char* op, const char* name) {
-  if (t.dtype != dtype || t.data == nullptr)
-    throw std::invalid_argument(std::string(op) + ": " + name + " must be a non-empty " +
-                                dtype_name(dtype) + " tensor on the cuda backend (got " +
-                                describe(t) + ")");
-}
-
-// Activations and compute-copy weights: f32 or bf16 (the model uses bf16; tests may use f32).
-inline void require_float(const Tensor& t, const char* op, const char* name) {
-  if ((t.dtype != DType::f32 && t.dtype != DType::bf16) || t.data == nullptr)
-    throw std::invalid_argument(std::string(op) + ": " + name +
-                                " must be a non-empty f32 or bf16 tensor (got " + describe(t) +
-                                ")");
-}
-
-inline void require_same_dtype(const Tensor& t, const Tensor& like, const char* op,
-                               const char* name, const char* like_name) {
-  if (t.dtype != like.dtype)
-    throw std::invalid_argument(std::string(op) + ": " + name + " (" + describe(t) +
-                                ") must have the dtype of " + like_name + " (" + describe(like) +
-                                ")");
-}
 
 // Calls fn(T{}) with T = float or bf16 after the tensor's dtype.
 template <typename Fn>

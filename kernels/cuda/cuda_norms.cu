@@ -25,10 +25,6 @@ void check_rows(int64_t rows, const char* op) {
 void CudaBackend::rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                        const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
-  cuda::require_float(x, op, "x");
-  cuda::require_same_dtype(out, x, op, "out", "x");
-  cuda::require_same_dtype(weight, x, op, "weight", "x");
-  cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
   check_rows(rows, op);
@@ -46,12 +42,6 @@ void CudaBackend::rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, co
 void CudaBackend::rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                         const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
-  cuda::require_float(x, op, "x");
-  cuda::require_same_dtype(dx, x, op, "dx", "x");
-  cuda::require_same_dtype(dout, x, op, "dout", "x");
-  cuda::require_same_dtype(weight, x, op, "weight", "x");
-  cuda::require_dtype(dweight, DType::f32, op, "dweight");
-  cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
   check_rows(rows, op);
@@ -80,12 +70,6 @@ void CudaBackend::layernorm_forward_impl(const Tensor& out, const Tensor& mean, 
                                          const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          float eps) {
   const char* op = "layernorm_forward";
-  cuda::require_float(x, op, "x");
-  cuda::require_same_dtype(out, x, op, "out", "x");
-  cuda::require_same_dtype(weight, x, op, "weight", "x");
-  cuda::require_same_dtype(bias, x, op, "bias", "x");
-  cuda::require_dtype(mean, DType::f32, op, "mean");
-  cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
   check_rows(rows, op);
@@ -105,14 +89,6 @@ void CudaBackend::layernorm_backward_impl(const Tensor& dx, const Tensor& dweigh
                                           const Tensor& weight, const Tensor& mean,
                                           const Tensor& rstd) {
   const char* op = "layernorm_backward";
-  cuda::require_float(x, op, "x");
-  cuda::require_same_dtype(dx, x, op, "dx", "x");
-  cuda::require_same_dtype(dout, x, op, "dout", "x");
-  cuda::require_same_dtype(weight, x, op, "weight", "x");
-  cuda::require_dtype(dweight, DType::f32, op, "dweight");
-  cuda::require_dtype(dbias, DType::f32, op, "dbias");
-  cuda::require_dtype(mean, DType::f32, op, "mean");
-  cuda::require_dtype(rstd, DType::f32, op, "rstd");
   const int64_t width = weight.numel();
   const int64_t rows = x.numel() / width;
   check_rows(rows, op);
