@@ -1,4 +1,4 @@
-// What a block and its attention in head stages (core/model/staged_attention.h) both use:
+// What a block and its attention schedule (core/model/attention_schedule.h) both use:
 // a layer's tensors by role, the q/k/v projections, a rank's share of a micro-batch, RoPE at
 // its positions and the linear layer. Shapes as in core/model/layers.h.
 #pragma once

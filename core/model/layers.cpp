@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "core/model/staged_attention.h"
-
 namespace ulysses {
 
 namespace {
@@ -32,14 +30,10 @@ double Block::mlp_flops(int64_t rows) const {
 BlockActivations Block::allocate_activations(const BlockShape& shape) const {
   const int64_t rows = shape.batch * shape.seq_local, C = model_config_.d_model,
                 F = model_config_.d_ff;
-  const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
-                d = model_config_.head_dim();
+  const int64_t H = model_config_.n_heads, d = model_config_.head_dim();
   const DType dt = backend_.compute_dtype();
   auto act = [&](std::initializer_list<int64_t> dims, const char* what) {
     return backend_.alloc(MemCategory::activations, dt, dims, what);
-  };
-  auto att = [&](std::initializer_list<int64_t> dims, const char* what) {
-    return backend_.alloc(MemCategory::attention, dt, dims, what);
   };
   auto stat = [&](const char* what) {
     return backend_.alloc(MemCategory::activations, DType::f32, {rows}, what);
@@ -47,18 +41,8 @@ BlockActivations Block::allocate_activations(const BlockShape& shape) const {
   BlockActivations acts;
   if (!checkpointing_) acts.norm1 = act({rows, C}, "attention norm output");
   acts.rstd1 = stat("attention norm rstd");
-  if (staged()) {  // the lse of each stage, for its backward; q/k/v/out are recomputed
-    acts.attention.lse =
-        backend_.alloc(MemCategory::attention, DType::f32,
-                       {attention_.head_chunks(), shape.batch, attention_.stage_q_heads(),
-                        shape.seq_local * attention_.ranks()},
-                       "attention lse (per head stage)");
-  } else if (attention_.heads_per_rank() == H) {  // sp == 1: the attention state views these
-    acts.q = att({shape.batch, shape.seq_local, H, d}, "q");
-    acts.k = att({shape.batch, shape.seq_local, Hkv, d}, "k");
-    acts.v = att({shape.batch, shape.seq_local, Hkv, d}, "v");
-  }
-  acts.attn_out = att({shape.batch, shape.seq_local, H, d}, "attention output");
+  acts.attn_out = backend_.alloc(MemCategory::attention, dt, {shape.batch, shape.seq_local, H, d},
+                                 "attention output");
   acts.rstd2 = stat("mlp norm rstd");
   if (mlp_tiles(rows) == 1) {  // kept for the backward; tiles recompute them
     acts.mid = act({rows, C}, "residual after attention");
@@ -197,58 +181,12 @@ void Block::forward_pass(const LayerTensors& w, const BlockShape& shape, const T
 
 void Block::attention_forward(const LayerTensors& w, const BlockShape& shape, const Tensor& norm1,
                               BlockActivations& acts) const {
-  const int64_t rows = shape.batch * shape.seq_local;
   const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
                 d = model_config_.head_dim();
   const QkvTensors qkv = qkv_tensors(w, H * d, Hkv * d);
-  const float theta = float(model_config_.rope_theta);
-  Profiler& profiler = backend_.profiler();
-  if (staged()) {
-    staged_attention_forward(backend_, attention_,
-                             {qkv, shape, norm1, rope_ ? theta : 0.0f, overlap_}, acts.attn_out,
-                             acts.attention.lse);
-    return;
-  }
-  // With sp > 1 the local q, k, v are dead once sent: the attention keeps head-split copies.
-  Buffer local_q, local_k, local_v;
-  if (acts.q.empty()) {
-    auto local = [&](int64_t heads, const char* what) {
-      return backend_.alloc(MemCategory::workspace, backend_.compute_dtype(),
-                            {shape.batch, shape.seq_local, heads, d}, what);
-    };
-    local_q = local(H, "q (this rank's tokens)");
-    local_k = local(Hkv, "k (this rank's tokens)");
-    local_v = local(Hkv, "v (this rank's tokens)");
-  }
-  const Tensor& q = acts.q.empty() ? local_q.tensor() : acts.q.tensor();
-  const Tensor& k = acts.k.empty() ? local_k.tensor() : acts.k.tensor();
-  const Tensor& v = acts.v.empty() ? local_v.tensor() : acts.v.tensor();
-  // One schedule (docs/performance.md, "Async Ulysses"): each projection's all-to-all is
-  // issued as soon as the projection is made; with parallel.overlap it travels while the
-  // next projection computes and is waited for before the attention, without it at once.
-  attention_.check_forward(q, k, v, acts.attn_out);
-  acts.attention = AttentionState();
-  using Input = UlyssesAttention::Input;
-  auto project = [&](const Tensor& out, Input input, int64_t heads, const Tensor& weight,
-                     const Tensor& bias, bool rope) {
-    {
-      Profiler::Scope projection(
-          profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-          2.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
-      linear_forward(backend_, out.reshape({rows, heads * d}), norm1, weight, bias);
-      if (rope) rope_at_positions(backend_, out, shape, theta, false);
-    }
-    HeadExchange exchange = attention_.start_input(out, input, acts.attention);
-    if (!overlap_) attention_.finish(exchange);
-    return exchange;
-  };
-  HeadExchange q_exchange = project(q, Input::q, H, qkv.wq, qkv.bq, rope_);
-  HeadExchange k_exchange = project(k, Input::k, Hkv, qkv.wk, qkv.bk, rope_);
-  HeadExchange v_exchange = project(v, Input::v, Hkv, qkv.wv, qkv.bv, false);
-  attention_.finish(q_exchange);
-  attention_.finish(k_exchange);
-  attention_.finish(v_exchange);
-  attention_.finish_forward(acts.attn_out, acts.attention, shape.documents);
+  const float theta = rope_ ? float(model_config_.rope_theta) : 0.0f;
+  ulysses::attention_forward(backend_, attention_, {qkv, shape, norm1, theta, overlap_},
+                             acts.attn_out, acts.attention);
 }
 
 void Block::recompute_mlp(const LayerTensors& w, const Tensor& in, const MlpBuffers& mlp) const {
@@ -351,81 +289,13 @@ void Block::backward(const LayerTensors& w, const LayerTensors& g, const BlockSh
 void Block::attention_backward(const LayerTensors& w, const LayerTensors& g,
                                const BlockShape& shape, const Tensor& norm1, BlockActivations& acts,
                                const Tensor& dresidual, const Tensor& dnorm) const {
-  const int64_t rows = shape.batch * shape.seq_local;
   const int64_t H = model_config_.n_heads, Hkv = model_config_.n_kv_heads,
                 d = model_config_.head_dim();
-  const QkvTensors qkv = qkv_tensors(w, H * d, Hkv * d);
-  const QkvTensors dqkv = qkv_tensors(g, H * d, Hkv * d);
-  const float theta = float(model_config_.rope_theta);
-  Profiler& profiler = backend_.profiler();
-  const Tensor attn_out = acts.attn_out.tensor().reshape({rows, H * d});
-  const double o_flops = 2.0 * double(rows) * double(H * d) * double(model_config_.d_model);
-  if (staged()) {
-    // Each stage makes d(attention output) for its own heads (core/model/staged_attention.h).
-    {
-      Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                                 o_flops);
-      backend_.gemm(dresidual, true, attn_out, false, g[R::o_weight], 1.0f, 1.0f);
-      if (!g[R::o_bias].empty()) backend_.bias_backward(g[R::o_bias], dresidual);
-    }
-    staged_attention_backward(backend_, attention_,
-                              {qkv, shape, norm1, rope_ ? theta : 0.0f, overlap_}, dqkv,
-                              acts.attn_out, acts.attention.lse, dresidual, w[R::o_weight], dnorm);
-    return;
-  }
-  auto scratch = [&](int64_t width, const char* what) {
-    return backend_.alloc(MemCategory::workspace, backend_.compute_dtype(), {rows, width}, what);
-  };
-  Buffer dattn_buffer = scratch(H * d, "d attention output");
-  const Tensor dattn = dattn_buffer.tensor().reshape({shape.batch, shape.seq_local, H, d});
-  Buffer dq = scratch(H * d, "dq (this rank's tokens)");
-  Buffer dk = scratch(Hkv * d, "dk (this rank's tokens)");
-  Buffer dv = scratch(Hkv * d, "dv (this rank's tokens)");
-  const Tensor dq_heads = dq.tensor().reshape({shape.batch, shape.seq_local, H, d});
-  const Tensor dk_heads = dk.tensor().reshape({shape.batch, shape.seq_local, Hkv, d});
-  const Tensor dv_heads = dv.tensor().reshape({shape.batch, shape.seq_local, Hkv, d});
-  // One schedule, as the forward's: dO's all-to-all is issued once dO is made and, with
-  // parallel.overlap, travels while the output projection's weight gradient is computed;
-  // each of dq, dk, dv is waited for where its projection's backward needs it. Without
-  // overlap every exchange is waited for as soon as it is issued.
-  using Input = UlyssesAttention::Input;
-  auto issued = [&](HeadExchange exchange) {
-    if (!overlap_) attention_.finish(exchange);
-    return exchange;
-  };
-  {
-    Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                               o_flops);
-    backend_.gemm(dresidual, false, w[R::o_weight], false, dattn_buffer, 1.0f, 0.0f);
-  }
-  attention_.check_backward(dattn, acts.attention, dq_heads, dk_heads, dv_heads);
-  AttentionGradients grads;
-  HeadExchange dout_exchange = issued(attention_.start_backward(dattn, grads));
-  {
-    Profiler::Scope projection(profiler, phase::kOutputProjection, Profiler::Kind::compute, 0,
-                               o_flops);
-    backend_.gemm(dresidual, true, attn_out, false, g[R::o_weight], 1.0f, 1.0f);
-    if (!g[R::o_bias].empty()) backend_.bias_backward(g[R::o_bias], dresidual);
-  }
-  attention_.finish(dout_exchange);
-  attention_.compute_backward(acts.attention, grads, dq_heads, dk_heads, dv_heads, shape.documents);
-  HeadExchange dq_exchange = issued(attention_.start_gradient(Input::q, grads, dq_heads));
-  HeadExchange dk_exchange = issued(attention_.start_gradient(Input::k, grads, dk_heads));
-  HeadExchange dv_exchange = issued(attention_.start_gradient(Input::v, grads, dv_heads));
-  auto project_backward = [&](HeadExchange& exchange, const Tensor& dx, int64_t heads,
-                              bool accumulate, const Tensor& dweight, const Tensor& dbias,
-                              const Tensor& weight, bool rope) {
-    attention_.finish(exchange);
-    if (rope) rope_at_positions(backend_, dx, shape, theta, true);
-    Profiler::Scope projection(
-        profiler, phase::kQkvProjection, Profiler::Kind::compute, 0,
-        4.0 * double(rows) * double(model_config_.d_model) * double(heads * d));
-    linear_backward(backend_, dnorm, accumulate, dweight, dbias, dx.reshape({rows, heads * d}),
-                    norm1, weight);
-  };
-  project_backward(dq_exchange, dq_heads, H, false, dqkv.wq, dqkv.bq, qkv.wq, rope_);
-  project_backward(dk_exchange, dk_heads, Hkv, true, dqkv.wk, dqkv.bk, qkv.wk, rope_);
-  project_backward(dv_exchange, dv_heads, Hkv, true, dqkv.wv, dqkv.bv, qkv.wv, false);
+  const float theta = rope_ ? float(model_config_.rope_theta) : 0.0f;
+  ulysses::attention_backward(
+      backend_, attention_, {qkv_tensors(w, H * d, Hkv * d), shape, norm1, theta, overlap_},
+      qkv_tensors(g, H * d, Hkv * d), {w[R::o_weight], g[R::o_weight], g[R::o_bias]}, acts.attn_out,
+      acts.attention, dresidual, dnorm);
 }
 
 }  // namespace ulysses

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/config/config.h"
+#include "core/model/attention_schedule.h"
 #include "core/model/layer_parts.h"
 #include "core/model/params.h"
 #include "kernels/backend.h"
@@ -16,10 +17,8 @@ namespace ulysses {
 struct BlockActivations {
   Buffer norm1, mean1, rstd1;  // [R, C], [R], [R]  (mean only for layernorm; norm1 not kept
                                // with layer checkpointing: the backward makes it again)
-  Buffer q, k, v;              // [B, T, H, d], [B, T, Hkv, d], after RoPE; only with sp == 1,
-                               // where the attention state views them
   Buffer attn_out;             // [B, T, H, d]
-  AttentionState attention;
+  KeptAttention attention;     // core/model/attention_schedule.h
   Buffer mid;                  // [R, C] residual after attention   (none with memory.tiled_mlp:
   Buffer norm2, mean2, rstd2;  // [R, C], [R], [R]                    the backward recomputes
   Buffer ff_a, ff_b, ff_out;   // llama: gate, up, silu(gate)·up;     mid, norm2 and the
@@ -92,8 +91,6 @@ class Block {
   // forward and recompute: recomputing stops after the attention when the MLP is tiled.
   void forward_pass(const LayerTensors& weights, const BlockShape& shape, const Tensor& x,
                     const Tensor& out, BlockActivations& acts, bool recomputing) const;
-  // Attention in head stages (core/model/staged_attention.h): parallel.head_chunks > 1.
-  bool staged() const { return attention_.head_chunks() > 1; }
   // Forward FLOPs of the MLP over `rows` tokens (backward: 2×).
   double mlp_flops(int64_t rows) const;
   void norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,

@@ -70,8 +70,9 @@ TEST_F(TrainerEquivalence, LayerCheckpointingUnderSequenceParallelism) {
   }
 }
 
-// With sp > 1 attention keeps its own head-split q/k/v/out, so a block keeps only its local
-// attention output; the local q/k/v live in the shared scratch during the forward.
+// With sp > 1 attention keeps its own head-split q/k/v/out (made in the forward), so a block
+// holds only its local attention output up front; q/k/v are projected straight into the
+// all-to-all's send buffers and never exist in this rank's token layout.
 TEST_F(TrainerEquivalence, BlocksKeepNoLocalCopiesOfQkvUnderSequenceParallelism) {
   const int sp = world().size();
   Config config = tiny_training_config("llama", 4, sp, 2);
