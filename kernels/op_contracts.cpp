@@ -74,6 +74,17 @@ void check_attention(BackendKind kind, const Tensor& out, const Tensor& lse, con
       .fixed(lse, "lse", DType::f32);
 }
 
+// The norms' dtype rules: x an element tensor, its rows and the weight in its dtype, the
+// statistics and weight gradients f32.
+void check_norm_dtypes(BackendKind kind, const char* op, const Tensor& x,
+                       std::initializer_list<NamedTensor> like_x,
+                       std::initializer_list<NamedTensor> f32) {
+  const DTypeRules rules(kind, op);
+  rules.element(x, "x");
+  for (const NamedTensor& t : like_x) rules.like(t.tensor, t.name, x, "x");
+  for (const NamedTensor& t : f32) rules.fixed(t.tensor, t.name, DType::f32);
+}
+
 }  // namespace
 
 AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
@@ -179,11 +190,7 @@ void check_rmsnorm_forward(BackendKind kind, const Tensor& out, const Tensor& rs
   const int64_t rows = rows_of(x, weight.numel(), op, "x");
   require_numel(out, x.numel(), op, "out");
   require_numel(rstd, rows, op, "rstd");
-  DTypeRules(kind, op)
-      .element(x, "x")
-      .like(out, "out", x, "x")
-      .like(weight, "weight", x, "x")
-      .fixed(rstd, "rstd", DType::f32);
+  check_norm_dtypes(kind, op, x, {{out, "out"}, {weight, "weight"}}, {{rstd, "rstd"}});
 }
 
 void check_rmsnorm_backward(BackendKind kind, const Tensor& dx, const Tensor& dweight,
@@ -196,13 +203,8 @@ void check_rmsnorm_backward(BackendKind kind, const Tensor& dx, const Tensor& dw
   require_numel(dout, x.numel(), op, "dout");
   require_numel(dweight, width, op, "dweight");
   require_numel(rstd, rows, op, "rstd");
-  DTypeRules(kind, op)
-      .element(x, "x")
-      .like(dx, "dx", x, "x")
-      .like(dout, "dout", x, "x")
-      .like(weight, "weight", x, "x")
-      .fixed(dweight, "dweight", DType::f32)
-      .fixed(rstd, "rstd", DType::f32);
+  check_norm_dtypes(kind, op, x, {{dx, "dx"}, {dout, "dout"}, {weight, "weight"}},
+                    {{dweight, "dweight"}, {rstd, "rstd"}});
 }
 
 void check_layernorm_forward(BackendKind kind, const Tensor& out, const Tensor& mean,
@@ -215,13 +217,8 @@ void check_layernorm_forward(BackendKind kind, const Tensor& out, const Tensor& 
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
   require_numel(bias, width, op, "bias");
-  DTypeRules(kind, op)
-      .element(x, "x")
-      .like(out, "out", x, "x")
-      .like(weight, "weight", x, "x")
-      .like(bias, "bias", x, "x")
-      .fixed(mean, "mean", DType::f32)
-      .fixed(rstd, "rstd", DType::f32);
+  check_norm_dtypes(kind, op, x, {{out, "out"}, {weight, "weight"}, {bias, "bias"}},
+                    {{mean, "mean"}, {rstd, "rstd"}});
 }
 
 void check_layernorm_backward(BackendKind kind, const Tensor& dx, const Tensor& dweight,
@@ -236,15 +233,8 @@ void check_layernorm_backward(BackendKind kind, const Tensor& dx, const Tensor& 
   require_numel(dbias, width, op, "dbias");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  DTypeRules(kind, op)
-      .element(x, "x")
-      .like(dx, "dx", x, "x")
-      .like(dout, "dout", x, "x")
-      .like(weight, "weight", x, "x")
-      .fixed(dweight, "dweight", DType::f32)
-      .fixed(dbias, "dbias", DType::f32)
-      .fixed(mean, "mean", DType::f32)
-      .fixed(rstd, "rstd", DType::f32);
+  check_norm_dtypes(kind, op, x, {{dx, "dx"}, {dout, "dout"}, {weight, "weight"}},
+                    {{dweight, "dweight"}, {dbias, "dbias"}, {mean, "mean"}, {rstd, "rstd"}});
 }
 
 void check_rope(BackendKind kind, const Tensor& x, int64_t pos_offset) {

@@ -1002,20 +1002,22 @@ TEST(OpTable, EveryOpHasItsTest) {
   for (const auto& [op, test] : test_of_op) EXPECT_EQ(ops.count(op), 1u) << op << " is no op";
 }
 
+// What the backend says of a call it refuses, or "(no error)".
+std::string refusal(Backend& backend, const std::function<void(Backend&)>& call) {
+  try {
+    call(backend);
+  } catch (const std::invalid_argument& error) {
+    return std::string(error.what());
+  }
+  return std::string("(no error)");
+}
+
 // The op fronts check each op's contract once for every backend (kernels/op_contracts.h):
 // the planner and the emulation reject the shapes the cpu backend rejects, with its message.
 TEST(OpContracts, EveryBackendRejectsTheSameShapesWithTheSameMessage) {
   CpuBackend cpu;
   PlanningBackend planner(BackendKind::cuda, AttentionKernel::native, 1);
   std::unique_ptr<Backend> emulated = make_emulated_cuda_backend();
-  auto message = [](Backend& backend, const std::function<void(Backend&)>& call) {
-    try {
-      call(backend);
-    } catch (const std::invalid_argument& error) {
-      return std::string(error.what());
-    }
-    return std::string("(no error)");
-  };
   auto f32 = [](Backend& backend, std::initializer_list<int64_t> dims) {
     return backend.alloc(MemCategory::activations, DType::f32, dims, "contract test");
   };
@@ -1040,10 +1042,10 @@ TEST(OpContracts, EveryBackendRejectsTheSameShapesWithTheSameMessage) {
       },
   };
   for (const auto& call : calls) {
-    const std::string expected = message(cpu, call);
+    const std::string expected = refusal(cpu, call);
     EXPECT_NE(expected, "(no error)");
-    EXPECT_EQ(message(planner, call), expected);
-    EXPECT_EQ(message(*emulated, call), expected);
+    EXPECT_EQ(refusal(planner, call), expected);
+    EXPECT_EQ(refusal(*emulated, call), expected);
   }
 }
 
@@ -1055,14 +1057,6 @@ TEST(OpContracts, EveryBackendOfAKindRejectsTheSameDtypesWithTheSameMessage) {
   PlanningBackend cpu_planner(BackendKind::cpu, AttentionKernel::native, 1);
   PlanningBackend cuda_planner(BackendKind::cuda, AttentionKernel::native, 1);
   std::unique_ptr<Backend> emulated = make_emulated_cuda_backend();
-  auto message = [](Backend& backend, const std::function<void(Backend&)>& call) {
-    try {
-      call(backend);
-    } catch (const std::invalid_argument& error) {
-      return std::string(error.what());
-    }
-    return std::string("(no error)");
-  };
   auto make = [](Backend& backend, DType dtype, std::initializer_list<int64_t> dims) {
     Buffer buffer = backend.alloc(MemCategory::activations, dtype, dims, "dtype test");
     if (!backend.memory().planning()) backend.fill_zero(buffer);
@@ -1135,10 +1129,10 @@ TEST(OpContracts, EveryBackendOfAKindRejectsTheSameDtypesWithTheSameMessage) {
        "adamw: m must be a non-empty f32 tensor (got bf16 [8])"},
   };
   for (const Case& each : cases) {
-    EXPECT_EQ(message(cpu, each.call), each.cpu);
-    EXPECT_EQ(message(cpu_planner, each.call), each.cpu);
-    EXPECT_EQ(message(cuda_planner, each.call), each.cuda);
-    EXPECT_EQ(message(*emulated, each.call), each.cuda);
+    EXPECT_EQ(refusal(cpu, each.call), each.cpu);
+    EXPECT_EQ(refusal(cpu_planner, each.call), each.cpu);
+    EXPECT_EQ(refusal(cuda_planner, each.call), each.cuda);
+    EXPECT_EQ(refusal(*emulated, each.call), each.cuda);
   }
 }
 
