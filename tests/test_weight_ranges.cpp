@@ -206,24 +206,29 @@ TEST(InitialWeights, EqualTheSerialFormulaBitForBitOnAnyThreadCount) {
   }
 }
 
-// A weight that approximate_cos alone would round to 0xbc53046d, one ulp off: a search of
-// seed 1's first 4·10^8 samples found this one only. The margin leaves it to glibc's cos.
-TEST(InitialWeights, TakeGlibcsCosWhereTheApproximationWouldRoundOtherwise) {
+// Weights that one approximation alone would round one ulp off, each found by a search of
+// seed 1's first 4·10^8 samples (the only one there): with approximate_cos and glibc's log,
+// element 327505975 would be 0xbc53046d; with approximate_log and glibc's cos, element
+// 396153433 would be 0xbbd7f059. The margins leave both to glibc.
+TEST(InitialWeights, TakeGlibcsFunctionsWhereAnApproximationWouldRoundOtherwise) {
   ModelConfig model = small_llama();
   model.d_model = 2048;
   model.vocab_size = 200000;  // an embedding of 409.6M elements, N(0, 0.02)
   const ParamTable table(model);
-  const int64_t element = 327505975;
-  ASSERT_LT(element, table.find(ParamRole::token_embedding).numel);
-  const uint32_t glibc = bits_of(float(counter_normal(1, element) * 0.02));
-  EXPECT_EQ(glibc, 0xbc53046eu);
-  for_thread_counts([&](int threads) {
-    for (int64_t before : {0, 1, 255, 300}) {  // where the element falls in its block
-      std::vector<float> values(size_t(before + 1));
-      initial_weights(table, model.n_layers, 1, element - before, before + 1, values.data());
-      EXPECT_EQ(bits_of(values.back()), glibc) << before << " before, " << threads << " threads";
-    }
-  });
+  const std::pair<int64_t, uint32_t> cases[] = {{327505975, 0xbc53046eu}, {396153433, 0xbbd7f058u}};
+  for (const auto& [element, glibc_bits] : cases) {
+    ASSERT_LT(element, table.find(ParamRole::token_embedding).numel);
+    const uint32_t glibc = bits_of(float(counter_normal(1, element) * 0.02));
+    EXPECT_EQ(glibc, glibc_bits) << "element " << element;
+    for_thread_counts([&](int threads) {
+      for (int64_t before : {0, 1, 255, 300}) {  // where the element falls in its block
+        std::vector<float> values(size_t(before + 1));
+        initial_weights(table, model.n_layers, 1, element - before, before + 1, values.data());
+        EXPECT_EQ(bits_of(values.back()), glibc)
+            << "element " << element << ", " << before << " before, " << threads << " threads";
+      }
+    });
+  }
 }
 
 // The bound that initial_weights's choice between approximate_cos and glibc's cos rests on,
@@ -245,6 +250,30 @@ TEST(InitialWeights, ApproximateCosIsWithinItsBound) {
     }
   // glibc's cos is within an ulp (2^-53 here) of the exact value.
   EXPECT_LE(worst, kApproximateCosError + 0x1p-53) << "at angle " << worst_angle;
+}
+
+// The same for approximate_log, relative to the log, over the radii's inputs (multiples of
+// 2^-53 in (0, 1]): densely just below 1 (where the log is tiny and only a relative bound
+// helps), around every power of two and every √2 · 2^e (where the split changes exponent),
+// and spread over each binade.
+TEST(InitialWeights, ApproximateLogIsWithinItsBound) {
+  double worst = 0.0, worst_u = 0.0;
+  auto check = [&](double u) {
+    if (!(u > 0.0 && u <= 1.0)) return;
+    const double exact = std::log(u);
+    const double error = exact == 0.0 ? std::abs(approximate_log(u))
+                                      : std::abs((approximate_log(u) - exact) / exact);
+    if (error > worst) worst = error, worst_u = u;
+  };
+  for (int64_t k = 0; k < 2000000; ++k) check(1.0 - double(k) * 0x1p-53);
+  for (int binade = 0; binade <= 53; ++binade) {
+    const double power = std::ldexp(1.0, -binade);
+    for (double edge : {power, power * M_SQRT2})
+      for (int i = -20000; i <= 20000; ++i) check(edge + double(i) * 0x1p-53 * power);
+    for (int i = 0; i < 100000; ++i) check(power * (1.0 + double(i) / 100000.0));
+  }
+  // glibc's log is within an ulp (2^-52 of it) of the exact value.
+  EXPECT_LE(worst, kApproximateLogError + 0x1p-52) << "at u = " << worst_u;
 }
 
 TEST(InitialWeights, AnyRangeEqualsThatPartOfTheWhole) {

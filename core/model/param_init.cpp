@@ -1,6 +1,7 @@
 #include "core/model/param_init.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -64,16 +65,50 @@ constexpr double factorial(int n) {
   return sign * (odd * sin_r + (1.0 - odd) * cos_r);
 }
 
-// Samples made together: their radii (a glibc log each) in one loop, then their cosines and
-// roundings in one the compiler vectorizes.
+// approximate_log, inlined where the samples' loop is vectorized. u = m · 2^e with m in
+// (√2/2, √2], and log m = 2 atanh f = 2 (f + f^3/3 + f^5/5 + ...) with f = (m - 1)/(m + 1),
+// |f| <= 0.1716. For u in (0, 1] (normal): m - 1 is exact, f off by two roundings, the series
+// to f^19 (the terms left out are below 0.1716^20/21 < 2.4e-17 of the first) and its roundings
+// keep log m within a few roundings (about 2^-50) of itself; for e != 0, |log u| >= log √2 >= |log
+// m|, so the sum with e · log 2 (its high part exact, 32 significant bits) adds no more than a
+// rounding or two of log u. Together well inside kApproximateLogError.
+[[gnu::always_inline]] inline double log_of_unit(double u) {
+  constexpr double kLn2High = 6.93147180369123816490e-01;
+  constexpr double kLn2Low = 1.90821492927058770002e-10;
+  constexpr uint64_t kFractionBits = (uint64_t(1) << 52) - 1;
+  constexpr uint64_t kExponentOfOne = uint64_t(1023) << 52;
+  const uint64_t bits = std::bit_cast<uint64_t>(u);
+  const double fraction = std::bit_cast<double>((bits & kFractionBits) | kExponentOfOne);
+  const bool above_sqrt2 = fraction > M_SQRT2;
+  const double m = above_sqrt2 ? 0.5 * fraction : fraction;
+  const double exponent = double(int64_t(bits >> 52) - 1023 + int64_t(above_sqrt2));
+  const double f = (m - 1.0) / (m + 1.0);
+  const double f2 = f * f;
+  const double series =
+      1.0 +
+      f2 * (1.0 / 3 +
+            f2 * (1.0 / 5 +
+                  f2 * (1.0 / 7 +
+                        f2 * (1.0 / 9 +
+                              f2 * (1.0 / 11 +
+                                    f2 * (1.0 / 13 +
+                                          f2 * (1.0 / 15 + f2 * (1.0 / 17 + f2 * (1.0 / 19)))))))));
+  return exponent * kLn2High + (2.0 * f * series + exponent * kLn2Low);
+}
+
+// Samples made together, in one loop the compiler vectorizes, then the few it leaves
+// undecided with glibc's log and cos.
 constexpr int64_t kBlock = 256;
 
-// Room around approximate_cos's value that holds glibc's cos: approximate_cos is within
-// kApproximateCosError of the exact cosine and glibc's cos within an ulp (2^-53 on [-1, 1]).
-// The margin is over 64 times their sum, and costs a fallback to glibc for about 2 samples in
-// 10^4.
-constexpr double kCosMargin = 0x1p-40;
-static_assert(kApproximateCosError + 0x1p-53 < kCosMargin / 64);
+// Room around the approximate cosine that holds glibc's cos scaled by the two radii's ratio:
+// approximate_cos is within kApproximateCosError of the exact cosine and glibc's cos within
+// an ulp (2^-53 on [-1, 1]); the radius from approximate_log is within kApproximateLogError / 2
+// of the exact one and glibc's within 2^-52 (half of its log's ulp, a rounding of the sqrt),
+// and |cos| <= 1 makes that relative error one on the cosine too. The margin is over 64 times
+// their sum (with another rounding of the sqrt), and costs a fallback to glibc for about 2
+// samples in 10^4.
+constexpr double kMargin = 0x1p-40;
+static_assert(kApproximateCosError + 0x1p-53 + kApproximateLogError / 2 + 0x1p-51 < kMargin / 64);
 
 uint32_t bits_of(float value) {
   uint32_t bits;
@@ -81,19 +116,30 @@ uint32_t bits_of(float value) {
   return bits;
 }
 
+// counter_normal of a seed's key: std::sqrt(-2 log u1) · std::cos(2π u2) of glibc's libm.
+double normal_of_key(uint64_t key, uint64_t counter) {
+  // Two independent words per counter, from the SplitMix64 sequence of the key.
+  const uint64_t first = mix(key + (2 * counter + 1) * kGoldenGamma);
+  const uint64_t second = mix(key + (2 * counter + 2) * kGoldenGamma);
+  const double u1 = (double(first >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: the log is finite
+  const double u2 = double(second >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);  // Box-Muller
+}
+
 // out[i] = float(counter_normal(seed, counter + i) · stddev) for i < n <= kBlock, bit for bit.
-// Rounding to nearest is monotonic, the radius is >= 0 and stddev > 0, so that weight lies
-// between the ones made from the two ends of the margin around approximate_cos's value:
-// where they round to the same float it is that float, and elsewhere glibc's cos decides. A
-// zero radius (u1 = 1, whose -2 log is -0.0) gives a zero whose sign is the cosine's: glibc
-// decides too.
+// That weight is float((r · c) · stddev), glibc's radius r >= 0 and cosine c, each operation
+// rounded to nearest. With the approximate radius r' (r = r' / (1 + e)) and cosine c', the
+// margin puts the exact product r · c = r' · c / (1 + e) between r' · (c' - kMargin) and
+// r' · (c' + kMargin); rounding to nearest is monotonic and stddev > 0, so where the weights
+// made from those two ends round to the same float it is that float, and elsewhere glibc
+// decides. A zero radius (u1 = 1, whose -2 log is -0.0) gives a zero whose sign is the
+// cosine's: glibc decides too.
 //
-// Built for AVX-512, AVX2 and the baseline, chosen at load time: wider vectors for the
-// cosines. The contractions into FMA that AVX2 allows touch only approximate_cos's polynomial
-// (their single rounding keeps it within its bound); the weight's own products have no sum.
+// Built for AVX-512, AVX2 and the baseline, chosen at load time. The contractions into FMA
+// that AVX2 allows touch only the polynomials (their single rounding keeps them within their
+// bounds); the weight's own products have no sum.
 [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]] void normal_block(
     uint64_t key, uint64_t counter, int64_t n, double stddev, float* out) {
-  double radius[kBlock], angle[kBlock];
   int32_t undecided[kBlock];
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t at = counter + uint64_t(i);
@@ -102,18 +148,15 @@ uint32_t bits_of(float value) {
     // Below 2^53 the signed conversion, the one x86-64 has an instruction for, is exact too.
     const double u1 = (double(int64_t(first >> 11)) + 1.0) * 0x1.0p-53;
     const double u2 = double(int64_t(second >> 11)) * 0x1.0p-53;
-    radius[i] = std::sqrt(-2.0 * std::log(u1));
-    angle[i] = 2.0 * M_PI * u2;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const double cosine = cos_of_angle(angle[i]);
-    const float low = float(radius[i] * (cosine - kCosMargin) * stddev);
-    const float high = float(radius[i] * (cosine + kCosMargin) * stddev);
+    const double radius = std::sqrt(-2.0 * log_of_unit(u1));
+    const double cosine = cos_of_angle(2.0 * M_PI * u2);
+    const float low = float(radius * (cosine - kMargin) * stddev);
+    const float high = float(radius * (cosine + kMargin) * stddev);
     out[i] = low;
-    undecided[i] = int32_t(bits_of(low) != bits_of(high)) | int32_t(radius[i] == 0.0);
+    undecided[i] = int32_t(bits_of(low) != bits_of(high)) | int32_t(radius == 0.0);
   }
   for (int64_t i = 0; i < n; ++i)
-    if (undecided[i]) out[i] = float(radius[i] * std::cos(angle[i]) * stddev);
+    if (undecided[i]) out[i] = float(normal_of_key(key, counter + uint64_t(i)) * stddev);
 }
 
 // float(counter_normal(seed, counter + i) · stddev) for i < n. Each block's values depend on
@@ -130,17 +173,15 @@ void normal_values(uint64_t key, uint64_t counter, int64_t n, double stddev, flo
 }  // namespace
 
 double counter_normal(uint64_t seed, uint64_t counter) {
-  // Two independent words per counter, from the SplitMix64 sequence of a key made of the seed.
-  const uint64_t key = key_of(seed);
-  const uint64_t first = mix(key + (2 * counter + 1) * kGoldenGamma);
-  const uint64_t second = mix(key + (2 * counter + 2) * kGoldenGamma);
-  const double u1 = (double(first >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: the log is finite
-  const double u2 = double(second >> 11) * 0x1.0p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);  // Box-Muller
+  return normal_of_key(key_of(seed), counter);
 }
 
 double approximate_cos(double angle) {
   return cos_of_angle(angle);
+}
+
+double approximate_log(double u) {
+  return log_of_unit(u);
 }
 
 void initial_weights(const ParamTable& table, int n_layers, uint64_t seed, int64_t begin,
