@@ -82,7 +82,7 @@ TEST(ConfigDocs, KeyTablesAreTheOnesTheKeyTableGenerates) {
   ASSERT_LT(begin, end);
   EXPECT_EQ(docs.substr(begin, end - begin), config_reference_markdown() + "\n")
       << "the key tables of docs/configuration.md differ from the config's key table "
-         "(core/config/config.cpp); replace them with the output of `ulysses-train "
+         "(core/config/config_keys.cpp); replace them with the output of `ulysses-train "
          "config-reference`";
 }
 

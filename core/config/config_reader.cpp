@@ -371,4 +371,17 @@ std::string join_choices(const std::vector<std::string>& choices) {
   return text;
 }
 
+// Pairs d and n / d up to sqrt(n): n may be as large as the int range (a config is checked
+// before its size is), where counting up to n would take seconds and overflow.
+std::vector<std::string> divisors_of(int n) {
+  std::vector<std::string> divisors, above_root;
+  for (int d = 1; d <= n / d; d++) {
+    if (n % d != 0) continue;
+    divisors.push_back(std::to_string(d));
+    if (d != n / d) above_root.push_back(std::to_string(n / d));
+  }
+  divisors.insert(divisors.end(), above_root.rbegin(), above_root.rend());
+  return divisors;
+}
+
 }  // namespace ulysses

@@ -74,5 +74,7 @@ bool parse_integer(std::string text, int& out);
 std::string format_double(double value);
 // "a, b or c".
 std::string join_choices(const std::vector<std::string>& choices);
+// The divisors of n >= 1 as text, ascending ("1, 2, 3, 6" once joined), for messages.
+std::vector<std::string> divisors_of(int n);
 
 }  // namespace ulysses
