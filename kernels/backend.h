@@ -84,6 +84,8 @@ class Backend {
   virtual void set_num_threads(int threads) = 0;
   // What in this backend's setup costs speed, as a sentence for the log; empty when nothing.
   virtual std::string setup_warning() const { return ""; }
+  // What this backend chose for this machine, as a sentence for the log; empty when nothing.
+  virtual std::string setup_note() const { return ""; }
   // memory.loss_tile_tokens: auto, for an LM head of [vocab, width] (kernels/op_scratch.h).
   virtual int64_t auto_loss_tile_tokens(int64_t vocab, int64_t width) const;
 

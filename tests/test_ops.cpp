@@ -256,6 +256,22 @@ TEST(CpuGemmThreads, GemmsRunOnTheOpenMpThreadsOfTheOtherOps) {
   EXPECT_EQ(CpuBackend(0).setup_warning(), "");
 }
 
+// The log names the GEMM a run computes with: its rate and last bits follow OpenBLAS's kernels.
+TEST(CpuGemmKernels, TheSetupNoteNamesTheKernelsTheGemmsRunOn) {
+  CpuBackend backend(0);
+  const std::string note = backend.setup_note();
+  const std::string prefix = "GEMMs on OpenBLAS's ";
+  ASSERT_EQ(note.substr(0, prefix.size()), prefix);
+  const size_t kernels = note.find(" kernels", prefix.size());
+  ASSERT_NE(kernels, std::string::npos) << note;
+  EXPECT_GT(kernels, prefix.size()) << "no core named: " << note;
+  EXPECT_EQ(note.find("(OPENBLAS_CORETYPE)") != std::string::npos,
+            std::getenv("OPENBLAS_CORETYPE") != nullptr)
+      << note;
+  backend.use_gemm(CpuGemm::portable);
+  EXPECT_EQ(backend.setup_note(), "GEMMs on the portable GEMM");
+}
+
 TEST(CpuGemmShapes, MismatchThrowsWithShapes) {
   CpuBackend backend;
   Buffer a = backend.alloc(MemCategory::activations, DType::f32, {5, 7}, "a");

@@ -106,6 +106,9 @@ void run_job(const JobOptions& options, Comm& world) {
     spdlog::info(
         "startup: config, backend and communicators ready in {:.2f} s, {:.2f} s after launch",
         clock.seconds(), seconds_since_launch());
+  const std::string setup_note = job.backend->setup_note();
+  if (world.rank() == 0 && !setup_note.empty())
+    spdlog::info("{}: {}", job.backend->name(), setup_note);
   const std::string setup_warning = job.backend->setup_warning();
   if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
   // Before the checkpoint folder is touched: a run that cannot go far leaves it as it was.

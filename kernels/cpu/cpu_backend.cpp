@@ -35,6 +35,14 @@ std::string CpuBackend::setup_warning() const {
          "\"Threads\"): install libopenblas0-openmp and build again";
 }
 
+std::string CpuBackend::setup_note() const {
+  if (gemm_ == CpuGemm::portable) return "GEMMs on the portable GEMM";
+  // OpenBLAS picks its kernels by CPU when it loads, or by OPENBLAS_CORETYPE: the GEMM rate and
+  // the GEMMs' last bits follow them (docs/performance.md, "Threads").
+  return std::string("GEMMs on OpenBLAS's ") + openblas_get_corename() + " kernels" +
+         (std::getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
+}
+
 void* CpuBackend::raw_alloc(size_t bytes) {
   constexpr size_t kAlignment = 64;
   // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a
