@@ -1,8 +1,9 @@
 // The generic half of reading a config (docs/configuration.md): YAML text and key=value
 // overrides checked against the keys a table names, each value kept with where it came from
 // (file:line or the override), unknown keys answered with the closest known one, and values
-// converted with messages that say what was expected. It knows no key: core/config/config.cpp
-// hands it the key table's names and fills the Config from what it read.
+// converted with messages that say what was expected. It knows no key:
+// core/config/parse_config.cpp hands it the key table's names and fills the Config from what
+// it read.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
