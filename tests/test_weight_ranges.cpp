@@ -209,7 +209,7 @@ TEST(InitialWeights, EqualTheSerialFormulaBitForBitOnAnyThreadCount) {
 // Weights that one approximation alone would round one ulp off, each found by a search of
 // seed 1's first 4·10^8 samples (the only one there): with approximate_cos and glibc's log,
 // element 327505975 would be 0xbc53046d; with approximate_log and glibc's cos, element
-// 396153433 would be 0xbbd7f059. The margins leave both to glibc.
+// 396153433 would be 0xbbd7f059. The margin leaves both to glibc.
 TEST(InitialWeights, TakeGlibcsFunctionsWhereAnApproximationWouldRoundOtherwise) {
   ModelConfig model = small_llama();
   model.d_model = 2048;

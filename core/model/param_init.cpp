@@ -68,10 +68,11 @@ constexpr double factorial(int n) {
 // approximate_log, inlined where the samples' loop is vectorized. u = m · 2^e with m in
 // (√2/2, √2], and log m = 2 atanh f = 2 (f + f^3/3 + f^5/5 + ...) with f = (m - 1)/(m + 1),
 // |f| <= 0.1716. For u in (0, 1] (normal): m - 1 is exact, f off by two roundings, the series
-// to f^19 (the terms left out are below 0.1716^20/21 < 2.4e-17 of the first) and its roundings
-// keep log m within a few roundings (about 2^-50) of itself; for e != 0, |log u| >= log √2 >= |log
-// m|, so the sum with e · log 2 (its high part exact, 32 significant bits) adds no more than a
-// rounding or two of log u. Together well inside kApproximateLogError.
+// to f^19 (the terms left out are below 0.1716^20/21 < 2.4e-17 of the first) and its
+// roundings keep log m within a few roundings (about 2^-50) of itself; for e != 0,
+// |log u| >= log √2 >= |log m|, so the sum with e · log 2 (its high part exact, 32
+// significant bits) adds no more than a rounding or two of log u. Together well inside
+// kApproximateLogError.
 [[gnu::always_inline]] inline double log_of_unit(double u) {
   constexpr double kLn2High = 6.93147180369123816490e-01;
   constexpr double kLn2Low = 1.90821492927058770002e-10;

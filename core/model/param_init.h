@@ -19,8 +19,7 @@ double counter_normal(uint64_t seed, uint64_t counter);
 // matrices and embeddings float(counter_normal(seed, element) · 0.02), the projections into
 // the residual stream with 0.02 / sqrt(2 · n_layers) as GPT-2 does, norm weights 1 and biases
 // 0. The same bits as that formula element by element, made faster (see approximate_cos and
-// approximate_log) and
-// on every OpenMP thread: the split of the range changes nothing.
+// approximate_log) and on every OpenMP thread: the split of the range changes nothing.
 void initial_weights(const ParamTable& table, int n_layers, uint64_t seed, int64_t begin,
                      int64_t count, float* out);
 
