@@ -227,6 +227,66 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
   }
 }
 
+// One query tile of one (sequence, q head): where its rows lie in q, out, dq and dO
+// ([B, T, Hq, d]) and in lse and D ([B, Hq, T]), and the document start of each row (null
+// without documents).
+struct QueryTile {
+  int64_t q0, rows, offset, stat_offset;
+  const int64_t* row_start;
+};
+
+QueryTile query_tile(const AttentionShape& s, const std::vector<int64_t>& start_of, int64_t b,
+                     int64_t h, int64_t tile) {
+  const int64_t q0 = tile * kTile;
+  return {q0, std::min(kTile, s.seq_len - q0), ((b * s.seq_len + q0) * s.q_heads + h) * s.dim,
+          (b * s.q_heads + h) * s.seq_len + q0,
+          start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)]};
+}
+
+// The tasks over query tiles run in (b, q head, tile) order with the longest (last) tiles
+// first; each writes only its own rows, so the schedule cannot change the results. Key tiles
+// before the document of the tile's first row are masked whole: the task starts after them.
+struct QueryTask {
+  int64_t b, h, kv_h;
+  QueryTile tile;
+  int64_t first_key_tile;
+};
+
+QueryTask query_task(const AttentionShape& s, const std::vector<int64_t>& start_of, int64_t task,
+                     int64_t k_first) {
+  const int64_t h = (task / s.tiles) % s.q_heads;
+  const int64_t b = task / (s.tiles * s.q_heads);
+  const QueryTile tile = query_tile(s, start_of, b, h, s.tiles - 1 - task % s.tiles);
+  const int64_t first_key_tile =
+      tile.row_start ? std::max<int64_t>(tile.row_start[0] - k_first, 0) / kTile : 0;
+  return {b, h, h / (s.q_heads / s.kv_heads), tile, first_key_tile};
+}
+
+// One key tile of one (sequence, kv head): where its rows lie in k, v, dk and dv.
+struct KeyTile {
+  int64_t k0, rows, offset;
+};
+
+KeyTile key_tile_of(const AttentionShape& s, int64_t b, int64_t kv_h, int64_t key_tile) {
+  const int64_t k0 = key_tile * kTile;
+  return {k0, std::min(kTile, s.seq_len - k0), ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim};
+}
+
+// One thread's slice of the backward's scratch (kernels/op_scratch.h sizes it): the query
+// side (q pre-scaled by 1/√d, dO, lse and D of the rows), the key side (K and V transposed,
+// K as rows), P and dS, and the accumulators of the two passes (dQ; dK and dV).
+struct BackwardTiles {
+  float *q, *dout, *kt, *vt, *k, *dq, *dk, *dv, *probs, *dprobs, *lse, *d;
+  BackwardTiles(float* slice, int64_t pdim) {
+    ScratchCursor cursor(slice);
+    for (float** tile : {&q, &dout, &kt, &vt, &k, &dq, &dk, &dv}) *tile = cursor.take(kTile * pdim);
+    probs = cursor.take(kTile * kTile);
+    dprobs = cursor.take(kTile * kTile);
+    lse = cursor.take(kTile);
+    d = cursor.take(kTile);
+  }
+};
+
 }  // namespace
 
 void CpuBackend::attention_forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q,
@@ -257,7 +317,6 @@ void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& l
   const AttentionShape s = checked_shape(q, k, v, out, lse, "attention_forward");
   const std::vector<int64_t> start_of = row_document_starts(documents, q_first, s.seq_len);
   const int64_t pdim = s.padded_dim;
-  const int64_t group = s.q_heads / s.kv_heads;
   const int64_t q_stride = s.q_heads * s.dim, kv_stride = s.kv_heads * s.dim;
   Buffer scratch = cpu_attention_forward_scratch(*this, omp_get_max_threads(), s.dim);
   const int64_t per_thread = scratch.tensor().dim(1);
@@ -279,45 +338,31 @@ void CpuBackend::attention_block_forward_impl(const Tensor& out, const Tensor& l
     float* row_max = cursor.take(kTile);
     float* row_sum = cursor.take(kTile);
 
-    // Tasks in (b, h, query tile) order with the longest (last) tiles first; each task
-    // writes its own rows of out and lse, so the schedule cannot change the results.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t tile = s.tiles - 1 - task % s.tiles;
-      const int64_t h = (task / s.tiles) % s.q_heads;
-      const int64_t b = task / (s.tiles * s.q_heads);
-      const int64_t kv_h = h / group;
-      const int64_t q0 = tile * kTile;
-      const int64_t q_rows = std::min(kTile, s.seq_len - q0);
-      // Key tiles before the document of the tile's first row are masked whole: skipped.
-      const int64_t* row_start = start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
-      const int64_t first_key_tile =
-          row_start ? std::max<int64_t>(row_start[0] - k_first, 0) / kTile : 0;
-
+      const QueryTask t = query_task(s, start_of, task, k_first);
+      const QueryTile& qt = t.tile;
       // The q tile is pre-scaled by 1/sqrt(d), so its products are the scaled scores.
-      load_rows(q_tile, q_data + ((b * s.seq_len + q0) * s.q_heads + h) * s.dim, q_stride, q_rows,
-                s.dim, pdim, s.scale);
+      load_rows(q_tile, q_data + qt.offset, q_stride, qt.rows, s.dim, pdim, s.scale);
       std::fill(o_tile, o_tile + kTile * pdim, 0.0f);
       std::fill(row_max, row_max + kTile, -std::numeric_limits<float>::infinity());
       std::fill(row_sum, row_sum + kTile, 0.0f);
 
-      const int64_t last_query = q_first + q0 + q_rows - 1;
-      for (int64_t key_tile = first_key_tile; key_tile < s.tiles; ++key_tile) {
-        const int64_t k0 = key_tile * kTile;
-        if (!tile_may_see(last_query, k_first + k0)) break;
-        const int64_t k_rows = std::min(kTile, s.seq_len - k0);
-        const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
-        load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
-        load_rows(v_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
+      const int64_t last_query = q_first + qt.q0 + qt.rows - 1;
+      for (int64_t key_tile = t.first_key_tile; key_tile < s.tiles; ++key_tile) {
+        const KeyTile kt = key_tile_of(s, t.b, t.kv_h, key_tile);
+        if (!tile_may_see(last_query, k_first + kt.k0)) break;
+        load_columns(kt_tile, k_data + kt.offset, kv_stride, kt.rows, s.dim, pdim);
+        load_rows(v_tile, v_data + kt.offset, kv_stride, kt.rows, s.dim, pdim, 1.0f);
         tile_matmul(scores, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
-        online_softmax_tile(scores, o_tile, row_max, row_sum, row_start, q_first + q0, q_rows,
-                            k_first + k0, k_rows, pdim);
+        online_softmax_tile(scores, o_tile, row_max, row_sum, qt.row_start, q_first + qt.q0,
+                            qt.rows, k_first + kt.k0, kt.rows, pdim);
         tile_matmul(o_tile, scores, kTile, 1, v_tile, pdim, kTile, true);
       }
 
-      for (int64_t i = 0; i < q_rows; ++i) {
-        float* out_row = out_data + ((b * s.seq_len + q0 + i) * s.q_heads + h) * s.dim;
-        float& row_lse = lse_data[(b * s.q_heads + h) * s.seq_len + q0 + i];
+      for (int64_t i = 0; i < qt.rows; ++i) {
+        float* out_row = out_data + qt.offset + i * q_stride;
+        float& row_lse = lse_data[qt.stat_offset + i];
         if (row_sum[i] == 0.0f) {  // the block hides every key from this query
           if (!merge) {
             std::fill(out_row, out_row + s.dim, 0.0f);
@@ -385,65 +430,52 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
   Buffer scratch = cpu_attention_backward_scratch(*this, omp_get_max_threads(), s.dim);
   const int64_t per_thread = scratch.tensor().dim(1);
 
-  // Pass 1, per (b, q head, query tile): dQ = scale · Σ_j dS K with dS = P ∘ (dP − D),
-  // P = exp(S − lse), dP = dO Vᵀ. The q tile is pre-scaled, so S needs no further scaling.
+  // The query side of one tile into tiles: q pre-scaled by 1/√d (so S needs no further
+  // scaling), dO, lse and D, zero-padded.
+  auto load_query_side = [&](BackwardTiles& tiles, const QueryTile& qt) {
+    load_rows(tiles.q, q_data + qt.offset, q_stride, qt.rows, s.dim, pdim, s.scale);
+    load_rows(tiles.dout, do_data + qt.offset, q_stride, qt.rows, s.dim, pdim, 1.0f);
+    std::fill(tiles.lse, tiles.lse + kTile, 0.0f);
+    std::fill(tiles.d, tiles.d + kTile, 0.0f);
+    std::copy(lse_data + qt.stat_offset, lse_data + qt.stat_offset + qt.rows, tiles.lse);
+    std::copy(d_data + qt.stat_offset, d_data + qt.stat_offset + qt.rows, tiles.d);
+  };
+  // P = exp(S − lse) and dS = P ∘ (dP − D) of the loaded query tile against the loaded key
+  // tile, with dP = dO Vᵀ.
+  auto probabilities = [&](BackwardTiles& tiles, const QueryTile& qt, const KeyTile& kt) {
+    tile_matmul(tiles.probs, tiles.q, pdim, 1, tiles.kt, kTile, pdim, false);
+    tile_matmul(tiles.dprobs, tiles.dout, pdim, 1, tiles.vt, kTile, pdim, false);
+    softmax_grad_tile(tiles.probs, tiles.dprobs, tiles.lse, tiles.d, qt.row_start, q_first + qt.q0,
+                      qt.rows, k_first + kt.k0, kt.rows);
+  };
+
+  // Pass 1, per (b, q head, query tile): dQ = scale · Σ_j dS K.
   const int64_t q_tasks = s.batch * s.q_heads * s.tiles;
 #pragma omp parallel
   {
-    ScratchCursor cursor(scratch.f32() + omp_get_thread_num() * per_thread);
-    float* q_tile = cursor.take(kTile * pdim);
-    float* do_tile = cursor.take(kTile * pdim);
-    float* kt_tile = cursor.take(pdim * kTile);
-    float* vt_tile = cursor.take(pdim * kTile);
-    float* k_tile = cursor.take(kTile * pdim);
-    float* dq_tile = cursor.take(kTile * pdim);
-    float* probs = cursor.take(kTile * kTile);
-    float* dprobs = cursor.take(kTile * kTile);
-    float* tile_lse = cursor.take(kTile);
-    float* tile_d = cursor.take(kTile);
-
+    BackwardTiles tiles(scratch.f32() + omp_get_thread_num() * per_thread, pdim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < q_tasks; ++task) {
-      const int64_t tile = s.tiles - 1 - task % s.tiles;
-      const int64_t h = (task / s.tiles) % s.q_heads;
-      const int64_t b = task / (s.tiles * s.q_heads);
-      const int64_t kv_h = h / group;
-      const int64_t q0 = tile * kTile;
-      const int64_t q_rows = std::min(kTile, s.seq_len - q0);
-      const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
-      const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
-      const int64_t* row_start = start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
-      const int64_t first_key_tile =
-          row_start ? std::max<int64_t>(row_start[0] - k_first, 0) / kTile : 0;
+      const QueryTask t = query_task(s, start_of, task, k_first);
+      const QueryTile& qt = t.tile;
+      load_query_side(tiles, qt);
+      std::fill(tiles.dq, tiles.dq + kTile * pdim, 0.0f);
 
-      load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
-      load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
-      std::fill(tile_lse, tile_lse + kTile, 0.0f);
-      std::fill(tile_d, tile_d + kTile, 0.0f);
-      std::copy(lse_data + row_offset, lse_data + row_offset + q_rows, tile_lse);
-      std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
-      std::fill(dq_tile, dq_tile + kTile * pdim, 0.0f);
-
-      const int64_t last_query = q_first + q0 + q_rows - 1;
-      for (int64_t key_tile = first_key_tile; key_tile < s.tiles; ++key_tile) {
-        const int64_t k0 = key_tile * kTile;
-        if (!tile_may_see(last_query, k_first + k0)) break;
-        const int64_t k_rows = std::min(kTile, s.seq_len - k0);
-        const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
-        load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
-        load_columns(vt_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
-        load_rows(k_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim, 1.0f);
-        tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
-        tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-        softmax_grad_tile(probs, dprobs, tile_lse, tile_d, row_start, q_first + q0, q_rows,
-                          k_first + k0, k_rows);
-        tile_matmul(dq_tile, dprobs, kTile, 1, k_tile, pdim, kTile, true);
+      const int64_t last_query = q_first + qt.q0 + qt.rows - 1;
+      for (int64_t key_tile = t.first_key_tile; key_tile < s.tiles; ++key_tile) {
+        const KeyTile kt = key_tile_of(s, t.b, t.kv_h, key_tile);
+        if (!tile_may_see(last_query, k_first + kt.k0)) break;
+        load_columns(tiles.kt, k_data + kt.offset, kv_stride, kt.rows, s.dim, pdim);
+        load_columns(tiles.vt, v_data + kt.offset, kv_stride, kt.rows, s.dim, pdim);
+        load_rows(tiles.k, k_data + kt.offset, kv_stride, kt.rows, s.dim, pdim, 1.0f);
+        probabilities(tiles, qt, kt);
+        tile_matmul(tiles.dq, tiles.dprobs, kTile, 1, tiles.k, pdim, kTile, true);
       }
 
-      for (int64_t i = 0; i < q_rows; ++i) {
-        float* dq_row = dq_data + q_offset + i * q_stride;
+      for (int64_t i = 0; i < qt.rows; ++i) {
+        float* dq_row = dq_data + qt.offset + i * q_stride;
         for (int64_t c = 0; c < s.dim; ++c) {
-          const float value = s.scale * dq_tile[i * pdim + c];
+          const float value = s.scale * tiles.dq[i * pdim + c];
           dq_row[c] = accumulate ? dq_row[c] + value : value;
         }
       }
@@ -456,72 +488,45 @@ void CpuBackend::block_backward(const Tensor& dq, const Tensor& dk, const Tensor
   const int64_t kv_tasks = s.batch * s.kv_heads * s.tiles;
 #pragma omp parallel
   {
-    ScratchCursor cursor(scratch.f32() + omp_get_thread_num() * per_thread);
-    float* kt_tile = cursor.take(pdim * kTile);
-    float* vt_tile = cursor.take(pdim * kTile);
-    float* q_tile = cursor.take(kTile * pdim);
-    float* do_tile = cursor.take(kTile * pdim);
-    float* dk_tile = cursor.take(kTile * pdim);
-    float* dv_tile = cursor.take(kTile * pdim);
-    float* probs = cursor.take(kTile * kTile);
-    float* dprobs = cursor.take(kTile * kTile);
-    float* tile_lse = cursor.take(kTile);
-    float* tile_d = cursor.take(kTile);
-
+    BackwardTiles tiles(scratch.f32() + omp_get_thread_num() * per_thread, pdim);
     // Key tile 0 sees every query tile: the longest tasks come first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < kv_tasks; ++task) {
-      const int64_t key_tile = task % s.tiles;
       const int64_t kv_h = (task / s.tiles) % s.kv_heads;
       const int64_t b = task / (s.tiles * s.kv_heads);
-      const int64_t k0 = key_tile * kTile;
-      const int64_t k_rows = std::min(kTile, s.seq_len - k0);
-      const int64_t kv_offset = ((b * s.seq_len + k0) * s.kv_heads + kv_h) * s.dim;
+      const KeyTile kt = key_tile_of(s, b, kv_h, task % s.tiles);
       // Query tiles that start after the document of the tile's last key are masked whole.
       const int64_t query_end =
-          documents.none()
-              ? s.seq_len
-              : std::clamp<int64_t>(document_end(documents.starts[size_t(b)],
-                                                 k_first + k0 + k_rows - 1, q_first + s.seq_len) -
-                                        q_first,
-                                    0, s.seq_len);
+          documents.none() ? s.seq_len
+                           : std::clamp<int64_t>(
+                                 document_end(documents.starts[size_t(b)],
+                                              k_first + kt.k0 + kt.rows - 1, q_first + s.seq_len) -
+                                     q_first,
+                                 0, s.seq_len);
       const int64_t end_tile = (query_end + kTile - 1) / kTile;
 
-      load_columns(kt_tile, k_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
-      load_columns(vt_tile, v_data + kv_offset, kv_stride, k_rows, s.dim, pdim);
-      std::fill(dk_tile, dk_tile + kTile * pdim, 0.0f);
-      std::fill(dv_tile, dv_tile + kTile * pdim, 0.0f);
+      load_columns(tiles.kt, k_data + kt.offset, kv_stride, kt.rows, s.dim, pdim);
+      load_columns(tiles.vt, v_data + kt.offset, kv_stride, kt.rows, s.dim, pdim);
+      std::fill(tiles.dk, tiles.dk + kTile * pdim, 0.0f);
+      std::fill(tiles.dv, tiles.dv + kTile * pdim, 0.0f);
 
       for (int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
         for (int64_t tile = 0; tile < end_tile; ++tile) {
-          const int64_t q0 = tile * kTile;
-          const int64_t q_rows = std::min(kTile, s.seq_len - q0);
-          if (!tile_may_see(q_first + q0 + q_rows - 1, k_first + k0)) continue;
-          const int64_t q_offset = ((b * s.seq_len + q0) * s.q_heads + h) * s.dim;
-          const int64_t row_offset = (b * s.q_heads + h) * s.seq_len + q0;
-          const int64_t* row_start =
-              start_of.empty() ? nullptr : &start_of[size_t(b * s.seq_len + q0)];
-          load_rows(q_tile, q_data + q_offset, q_stride, q_rows, s.dim, pdim, s.scale);
-          load_rows(do_tile, do_data + q_offset, q_stride, q_rows, s.dim, pdim, 1.0f);
-          std::fill(tile_lse, tile_lse + kTile, 0.0f);
-          std::fill(tile_d, tile_d + kTile, 0.0f);
-          std::copy(lse_data + row_offset, lse_data + row_offset + q_rows, tile_lse);
-          std::copy(d_data + row_offset, d_data + row_offset + q_rows, tile_d);
-          tile_matmul(probs, q_tile, pdim, 1, kt_tile, kTile, pdim, false);
-          tile_matmul(dprobs, do_tile, pdim, 1, vt_tile, kTile, pdim, false);
-          softmax_grad_tile(probs, dprobs, tile_lse, tile_d, row_start, q_first + q0, q_rows,
-                            k_first + k0, k_rows);
-          tile_matmul(dv_tile, probs, 1, kTile, do_tile, pdim, kTile, true);
-          tile_matmul(dk_tile, dprobs, 1, kTile, q_tile, pdim, kTile, true);
+          const QueryTile qt = query_tile(s, start_of, b, h, tile);
+          if (!tile_may_see(q_first + qt.q0 + qt.rows - 1, k_first + kt.k0)) continue;
+          load_query_side(tiles, qt);
+          probabilities(tiles, qt, kt);
+          tile_matmul(tiles.dv, tiles.probs, 1, kTile, tiles.dout, pdim, kTile, true);
+          tile_matmul(tiles.dk, tiles.dprobs, 1, kTile, tiles.q, pdim, kTile, true);
         }
       }
 
-      for (int64_t j = 0; j < k_rows; ++j) {
-        float* dk_row = dk_data + kv_offset + j * kv_stride;
-        float* dv_row = dv_data + kv_offset + j * kv_stride;
+      for (int64_t j = 0; j < kt.rows; ++j) {
+        float* dk_row = dk_data + kt.offset + j * kv_stride;
+        float* dv_row = dv_data + kt.offset + j * kv_stride;
         for (int64_t c = 0; c < s.dim; ++c) {
-          dk_row[c] = accumulate ? dk_row[c] + dk_tile[j * pdim + c] : dk_tile[j * pdim + c];
-          dv_row[c] = accumulate ? dv_row[c] + dv_tile[j * pdim + c] : dv_tile[j * pdim + c];
+          dk_row[c] = accumulate ? dk_row[c] + tiles.dk[j * pdim + c] : tiles.dk[j * pdim + c];
+          dv_row[c] = accumulate ? dv_row[c] + tiles.dv[j * pdim + c] : tiles.dv[j * pdim + c];
         }
       }
     }
