@@ -26,9 +26,6 @@ using testing::TempDir;
 
 const std::string kTrain = ULYSSES_TRAIN_BIN;
 
-#define EXPECT_MENTIONS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
-
 std::string config_yaml(const std::string& family, const std::string& data_yaml,
                         const std::string& checkpoint_dir, const std::string& metrics,
                         int steps = 6) {

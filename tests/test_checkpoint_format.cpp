@@ -37,9 +37,6 @@ std::string state_error(const json& state) {
   return "";
 }
 
-#define EXPECT_MENTIONS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
-
 TEST(TrainerStateFormat, ReadsWhatItWrites) {
   const TrainerState state = parse_trainer_state(valid_state().dump(), "t.json");
   EXPECT_EQ(state.step, 12);

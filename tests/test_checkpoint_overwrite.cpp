@@ -20,9 +20,6 @@ namespace fs = std::filesystem;
 using testing::snapshot_files;
 using testing::TempDir;
 
-#define EXPECT_MENTIONS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
-
 // A step folder that verifies: one file and a manifest with its size and CRC-32.
 void make_checkpoint(const std::string& folder, int64_t step, const std::string& content) {
   fs::create_directories(folder);

@@ -13,9 +13,6 @@
 namespace ulysses {
 namespace {
 
-#define EXPECT_MENTIONS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
-
 TEST(DivergenceGuard, NothingIsASpikeBeforeTheFirstNormalStep) {
   TrainConfig train;
   DivergenceGuard guard(train, 100);

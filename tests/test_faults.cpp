@@ -27,9 +27,6 @@ using testing::TempDir;
 
 const std::string kTrain = ULYSSES_TRAIN_BIN;
 
-#define EXPECT_MENTIONS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
-
 // A 4-rank job (sp 4) whose steps take tens of milliseconds, so that signals land mid-step.
 const std::string kSyntheticData =
     "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";

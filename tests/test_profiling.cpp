@@ -31,9 +31,6 @@ using testing::TempDir;
 
 const std::string kTrain = ULYSSES_TRAIN_BIN;
 
-#define EXPECT_MENTIONS(text, fragment) \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) << (text)
-
 // llama, n_layers 2, d 64, 4 heads (2 kv heads), B 2, T 256.
 std::string job_yaml(const TempDir& dir, int sp, const std::string& extra = "") {
   return "model: {family: llama, n_layers: 2, d_model: 64, n_heads: 4, n_kv_heads: 2, d_ff: 128}\n"
@@ -85,6 +82,26 @@ TEST(Profiling, PhasesAddUpToTheStepAndAllToAllBytesFollowTheLayout) {
   EXPECT_MENTIONS(result.output, "where the step time went (mean over 4 ranks and 6 steps)");
   EXPECT_MENTIONS(result.output, "all-to-all wait");
   EXPECT_MENTIONS(result.output, "verdict: ");
+}
+
+// The LM head computes only the rows whose targets count, on the synthetic task the answers
+// (n_queries per sequence): the loss phase's FLOPs are theirs, so its rate is what it reached.
+TEST(Profiling, TheLossPhaseCarriesTheFlopsOfTheRowsThatCount) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), job_yaml(dir, 1));
+  const auto dry = run_command(kTrain + " --config " + dir.file("c.yaml") + " --dry-run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  const size_t vocab_at = dry.output.find("vocab_size: ");
+  ASSERT_NE(vocab_at, std::string::npos) << dry.output;
+  const double vocab = std::stod(dry.output.substr(vocab_at + 12));
+  auto result = train(dir, 1);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const double batch = 2, answers = 2, d_model = 64;  // job_yaml's batch, n_queries, d_model
+  const std::vector<json> steps = step_lines(dir);
+  ASSERT_EQ(steps.size(), 6u);
+  for (const json& step : steps)  // forward and the two gradient products: 3 × 2·rows·C·V
+    EXPECT_EQ(step["phases"]["loss"]["flops"].get<double>(),
+              3.0 * 2.0 * batch * answers * d_model * vocab);
 }
 
 TEST(Profiling, TraceIsValidJsonWhoseSpansNestAndWhoseStepsMatchTheMetrics) {
@@ -491,6 +508,46 @@ TEST(Profiling, VerdictOnTheCpuStillAdvisesThreads) {
   EXPECT_MENTIONS(result.verdict.line, "more threads per rank");
   EXPECT_EQ(result.table.find("host ms/step"), std::string::npos) << result.table;
   EXPECT_EQ(result.table.find("device busy"), std::string::npos) << result.table;
+}
+
+// The row of the table that begins with name.
+std::string table_row(const std::string& table, const std::string& name) {
+  const size_t at = table.find("\n  " + name + " ");
+  if (at == std::string::npos) return "";
+  return table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+}
+
+// Each phase that carries FLOPs gets its rate beside its share; the step row the rate of all
+// of them (the model FLOP/s); the unit follows the fastest phase.
+TEST(Profiling, TheTableGivesEachPhaseItsFlopRate) {
+  ProfileTotals device;
+  device.device_timed = true;
+  auto set = [](ProfileTotals& totals, const char* name, double seconds, double flops) {
+    PhaseTotals& phase = totals.phases[name];
+    phase.seconds = phase.host_seconds = seconds;
+    phase.flops = flops;
+  };
+  set(device, "mlp", 0.050, 2.0e12);                // 40 TFLOP/s
+  set(device, "attention forward", 0.020, 0.2e12);  // 10 TFLOP/s
+  set(device, phase::kStep, 0.030, 0.0);
+  const std::string table = report(device, 0.100, VerdictContext()).table;
+  EXPECT_MENTIONS(table, "share   TFLOP/s  max ms/step");
+  EXPECT_MENTIONS(table_row(table, "mlp"), "50.00     50%     40.00");
+  EXPECT_MENTIONS(table_row(table, "attention forward"), "20.00     20%     10.00");
+  EXPECT_MENTIONS(table_row(table, "other (norms, RoPE, copies)"), "30%         -");
+  EXPECT_MENTIONS(table_row(table, "step"), "100.00    100%     22.00");
+
+  ProfileTotals cpu;
+  set(cpu, "mlp", 0.050, 1.0e9);  // 20 GFLOP/s
+  set(cpu, phase::kStep, 0.050, 0.0);
+  const std::string cpu_table = report(cpu, 0.100, VerdictContext()).table;
+  EXPECT_MENTIONS(cpu_table, "share   GFLOP/s  max ms/step");
+  EXPECT_MENTIONS(table_row(cpu_table, "mlp"), "50%     20.00");
+
+  ProfileTotals no_flops;
+  set(no_flops, "mlp", 0.050, 0.0);
+  const std::string plain = report(no_flops, 0.100, VerdictContext()).table;
+  EXPECT_EQ(plain.find("FLOP/s"), std::string::npos) << plain;
 }
 
 }  // namespace

@@ -58,10 +58,6 @@ std::string load_error(const std::string& path, const ModelConfig& model) {
   return "";
 }
 
-#define EXPECT_MENTIONS(text, fragment)                          \
-  EXPECT_NE(std::string(text).find(fragment), std::string::npos) \
-      << "no '" << (fragment) << "' in: " << (text)
-
 std::vector<float> random_weights(const ParamTable& table, uint64_t seed) {
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, 0.5f);

@@ -9,6 +9,11 @@
 
 #include "kernels/backend.h"
 
+// In a test: text (a string or std::string) holds fragment.
+#define EXPECT_MENTIONS(text, fragment)                          \
+  EXPECT_NE(std::string(text).find(fragment), std::string::npos) \
+      << "no '" << (fragment) << "' in: " << (text)
+
 namespace ulysses::testing {
 
 // A fresh empty directory under the system temp dir, removed by the destructor.

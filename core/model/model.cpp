@@ -144,9 +144,12 @@ void Model::forward(const MicroBatch& batch, WeightPipeline& weights) {
       batch.pos_offset != shape_.pos_offset)
     throw std::logic_error("micro-batch shape differs from the one the model was built for");
   shape_.documents = batch.documents;
+  counted_rows_ = shape_.batch * shape_.seq_local;
   if (!backend_.memory().planning()) {  // a planned step has shapes, no tokens
     backend_.upload(tokens_, batch.inputs.data());
     backend_.upload(targets_, batch.targets.data());
+    counted_rows_ = std::count_if(batch.targets.begin(), batch.targets.end(),
+                                  [](int32_t target) { return target >= 0; });
   }
   // The last pass's copies may still read the device inputs this one overwrites.
   if (offload_moves_) backend_.wait_transfer(last_transfer_);
@@ -239,8 +242,8 @@ void Model::final_norm_backward(const Tensor& dhidden, const Tensor& dresidual) 
 }
 
 double Model::lm_head_flops(bool backward) const {
-  const double forward = 2.0 * double(shape_.batch * shape_.seq_local) *
-                         double(model_config_.d_model) * double(model_config_.vocab_size);
+  const double forward = 2.0 * double(counted_rows_) * double(model_config_.d_model) *
+                         double(model_config_.vocab_size);
   return backward ? 3.0 * forward : forward;
 }
 

@@ -95,8 +95,8 @@ class Model {
   BlockActivations& activations(int layer);
   // The device buffer holding layer `layer`'s input (layer n_layers: the last block's output).
   Buffer& block_input(int layer);
-  // FLOPs of the fused LM head over this rank's tokens (backward: the two weight and input
-  // gradients on top).
+  // FLOPs of the fused LM head over the rows of this rank's tokens that count in the loss
+  // (the only ones it computes; backward: the two weight and input gradients on top).
   double lm_head_flops(bool backward) const;
   // The embedding of tokens_ into out[B, T, C] and its backward: learned positions restart
   // at each document (one call per piece of a document) when the micro-batch has documents.
@@ -109,6 +109,7 @@ class Model {
   const MemoryConfig& memory_;
   Backend& backend_;
   int64_t loss_tile_tokens_;
+  int64_t counted_rows_ = 0;  // the micro-batch's targets that count (>= 0), for the FLOPs
   ParamTable table_;
   BlockShape shape_;
   ZeroState state_;

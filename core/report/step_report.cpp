@@ -269,22 +269,42 @@ std::string RunProfile::table(Comm& world) const {
   if (device) rows.insert(rows.end(), {phase::kCollectivesStream, phase::kTransferStream});
   const size_t n = rows.size();
   const double steps = double(std::max<int64_t>(steps_, 1));
-  // Per row: seconds per step, then the host's; then busy seconds and launches per step.
-  std::vector<double> sum(2 * n + 2), max(n), slowest(n);
+  // Per row: seconds per step, then the host's, then FLOPs per step (the step row: all its
+  // phases'); then busy seconds and launches per step.
+  const size_t host_at = n, flops_at = 2 * n, busy_at = 3 * n, launches_at = 3 * n + 1;
+  std::vector<double> sum(3 * n + 2), max(n), slowest(n);
   for (size_t i = 0; i < n; ++i) {
     auto found = totals_.phases.find(rows[i]);
     const bool ran = found != totals_.phases.end();
     sum[i] = i == step_row ? seconds_ / steps : ran ? found->second.seconds / steps : 0.0;
-    sum[n + i] = i == step_row ? seconds_ / steps : ran ? found->second.host_seconds / steps : 0.0;
+    sum[host_at + i] = i == step_row ? seconds_ / steps
+                       : ran         ? found->second.host_seconds / steps
+                                     : 0.0;
+    if (i != step_row) sum[flops_at + i] = ran ? found->second.flops / steps : 0.0;
+    if (i < step_row) sum[flops_at + step_row] += sum[flops_at + i];
     max[i] = sum[i];
   }
-  sum[2 * n] = totals_.device_busy_seconds / steps;
-  sum[2 * n + 1] = double(totals_.launches) / steps;
+  sum[busy_at] = totals_.device_busy_seconds / steps;
+  sum[launches_at] = double(totals_.launches) / steps;
   world.all_reduce_host(max.data(), int(n), ReduceOp::max);
   for (size_t i = 0; i < n; ++i) slowest[i] = sum[i] == max[i] ? double(world.rank()) : -1.0;
   world.all_reduce_host(sum.data(), int(sum.size()), ReduceOp::sum);
   world.all_reduce_host(slowest.data(), int(n), ReduceOp::max);
   if (world.rank() != 0) return "";
+
+  // A phase's rate: its FLOPs over its time, both summed over the ranks (a rank's rate); one
+  // unit for the whole column.
+  double fastest = 0.0;
+  for (size_t i = 0; i <= step_row; ++i)
+    if (sum[i] > 0.0) fastest = std::max(fastest, sum[flops_at + i] / sum[i]);
+  const bool rates = fastest > 0.0;
+  const bool tera = fastest >= 1e12;
+  auto rate_text = [&](size_t i) -> std::string {
+    if (i > step_row || sum[flops_at + i] == 0.0 || sum[i] == 0.0) return "-";
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f", sum[flops_at + i] / sum[i] / (tera ? 1e12 : 1e9));
+    return text;
+  };
 
   const double ranks = double(world.size()), step = sum[step_row] / ranks;
   std::string text = std::string("where the step time went (") + (device ? "device time; " : "") +
@@ -293,16 +313,22 @@ std::string RunProfile::table(Comm& world) const {
   char line[200];
   auto add_row = [&](const std::string& name, size_t i, const std::string& share) {
     const std::string rank = "rank " + std::to_string(int(slowest[i]));
-    int written = std::snprintf(line, sizeof line, "  %-26s %10.2f %7s %12.2f %8s", name.c_str(),
-                                1e3 * sum[i] / ranks, share.c_str(), 1e3 * max[i], rank.c_str());
+    int written = std::snprintf(line, sizeof line, "  %-26s %10.2f %7s", name.c_str(),
+                                1e3 * sum[i] / ranks, share.c_str());
+    if (rates)
+      written += std::snprintf(line + written, sizeof line - size_t(written), " %9s",
+                               rate_text(i).c_str());
+    written += std::snprintf(line + written, sizeof line - size_t(written), " %12.2f %8s",
+                             1e3 * max[i], rank.c_str());
     if (device && i <= step_row)
       std::snprintf(line + written, sizeof line - size_t(written), " %12.2f",
-                    1e3 * sum[n + i] / ranks);
+                    1e3 * sum[host_at + i] / ranks);
     text += line;
     text += "\n";
   };
-  std::snprintf(line, sizeof line, "  %-26s %10s %7s %12s %8s%s\n", "phase", "ms/step", "share",
-                "max ms/step", "slowest", device ? "  host ms/step" : "");
+  std::snprintf(line, sizeof line, "  %-26s %10s %7s%s %12s %8s%s\n", "phase", "ms/step", "share",
+                rates ? (tera ? "   TFLOP/s" : "   GFLOP/s") : "", "max ms/step", "slowest",
+                device ? "  host ms/step" : "");
   text += line;
   for (size_t i = 0; i < phases.size(); ++i) {
     if (max[i] == 0.0) continue;
@@ -316,7 +342,7 @@ std::string RunProfile::table(Comm& world) const {
   if (device) {
     std::snprintf(line, sizeof line,
                   "  device busy (work queued) %s of the step; %.0f launches per step\n",
-                  percent(sum[2 * n] / ranks, step).c_str(), sum[2 * n + 1] / ranks);
+                  percent(sum[busy_at] / ranks, step).c_str(), sum[launches_at] / ranks);
     text += line;
   }
   return text;
