@@ -6,11 +6,14 @@
 #   2. the attention kernels alone (apps/ulysses_bench_attention.cpp): the native tensor-core
 #      kernels against cuDNN's, forward and backward device-timed apart, head dims 64 and 128
 #      at 8K and 32K tokens, with native's throughput as a share of cuDNN's;
-#   3. one table for a Llama-1B-shaped model at 8K and 32K tokens: cuDNN attention, the native
-#      kernels and layer checkpointing, each with tokens/s, step ms, model FLOP/s as a share of
-#      the H200's 989 TFLOP/s bf16 peak, the device's busy share, the peak tracked memory and
-#      the planner's prediction beside it; where `python3 -c 'import torch'` works, the
-#      PyTorch peer on the same shapes (scripts/bench_torch_llama.py) and the ratio.
+#   3. one table for a Llama-1B-shaped model at 8K and 32K tokens (scripts/gpu_table.py):
+#      cuDNN attention, the native kernels and layer checkpointing, each with tokens/s, step
+#      ms, model FLOP/s as a share of the H200's 989 TFLOP/s bf16 peak, the device's busy
+#      share, the rate of the step's GEMM phases beside cuBLASLt's alone on the layer's GEMM
+#      shapes, the peak tracked memory and the planner's prediction beside it; where
+#      `python3 -c 'import torch'` finds a GPU, the PyTorch peer on the same shapes
+#      (scripts/bench_torch_llama.py) and the ratio. Each run's end-of-run table (device time,
+#      each phase's share and TFLOP/s) and verdict are printed above the table.
 # Usage: scripts/gpu-check.sh [--build-dir DIR] [--skip-tests] [--skip-torch]
 #   --build-dir DIR  an existing Release build with CUDA: used as it is, nothing is configured
 #                    or built (a machine without the build's libraries can run it)
@@ -25,7 +28,7 @@ while [ $# -gt 0 ]; do
     --build-dir) BUILD=${2:?gpu-check: --build-dir needs a folder}; shift 2 ;;
     --skip-tests) RUN_TESTS=0; shift ;;
     --skip-torch) RUN_TORCH=0; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,14 +46,15 @@ if [ -z "$BUILD" ]; then
   echo "== build (Release, CUDA on) into $BUILD"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DULYSSES_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
     { cat "$BUILD.configure.log"; exit 1; }
-  targets=(ulysses-train ulysses-bench-attention)
+  targets=(ulysses-train ulysses-bench-attention ulysses-bench-gemm)
   for binary in "${TEST_BINARIES[@]}"; do targets+=("$(basename "$binary")"); done
   cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}" >"$BUILD.build.log" 2>&1 ||
     { tail -50 "$BUILD.build.log"; exit 1; }
 else
   echo "== prebuilt: $BUILD"
 fi
-for binary in apps/ulysses-train apps/ulysses-bench-attention "${TEST_BINARIES[@]}"; do
+for binary in apps/ulysses-train apps/ulysses-bench-attention apps/ulysses-bench-gemm \
+              "${TEST_BINARIES[@]}"; do
   [ -x "$BUILD/$binary" ] || { echo "gpu-check: $BUILD/$binary is not built" >&2; exit 1; }
 done
 LOGS=$(mktemp -d)
@@ -90,133 +94,14 @@ if ! timeout 240 "$BUILD/apps/ulysses-bench-attention" 8192,32768 64,128; then
 fi
 
 echo "== Llama-1B shape: 16 layers, d 2048, 32 heads, 8 kv heads, d_ff 8192, vocab 32000"
-TORCH=0
+TORCH=()
 if ((RUN_TORCH)) && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  TORCH=1
+  TORCH=(--torch)
 fi
-python3 - "$BUILD/apps/ulysses-train" "$LOGS" "$TORCH" <<'PYTHON'
-import json, os, subprocess, sys
-
-binary, logs, torch_peer = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-LAYERS, D, HEADS, KV, FF, VOCAB = 16, 2048, 32, 8, 8192, 32000
-PEAK_FLOPS = 989e12
-CONFIG = os.path.join(logs, "llama1b.yaml")
-with open(CONFIG, "w") as f:
-    f.write("device: cuda\nmodel: {family: llama, rope_theta: 500000}\n"
-            "train: {batch_size: 1, lr: 1.0e-4, warmup_steps: 0, grad_clip: 1.0}\n"
-            "data: {source: synthetic}\nlog: {every: 1}\n")
-
-
-def shape_overrides(seq, attention, checkpointing, steps):
-    values = {"model.n_layers": LAYERS, "model.d_model": D, "model.n_heads": HEADS,
-              "model.n_kv_heads": KV, "model.d_ff": FF, "model.vocab_size": VOCAB,
-              "model.max_seq_len": seq, "train.seq_len": seq, "train.steps": steps,
-              "kernels.attention": attention,
-              "memory.activation_checkpointing": "layer" if checkpointing else "none"}
-    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
-
-
-def flops_per_token(seq):
-    # 6 per parameter in matmuls (forward and backward) + causal attention, 6·L·T·d.
-    hd = D // HEADS
-    params = LAYERS * (2 * D * D + 2 * D * KV * hd + 3 * D * FF + 2 * D) + 2 * VOCAB * D + D
-    return 6 * params + 6 * LAYERS * seq * D
-
-
-def gib(n):
-    return f"{n / 2**30:.1f} GiB"
-
-
-def planned_peak(seq, attention, checkpointing):
-    run = subprocess.run([binary, "--config", CONFIG, "--dry-run"] +
-                         shape_overrides(seq, attention, checkpointing, 1),
-                         capture_output=True, text=True, timeout=120)
-    for line in run.stdout.splitlines():
-        if line.startswith("#   total:"):
-            return line.split("step peak")[-1].strip()
-    return "?"
-
-
-def ulysses(seq, attention, checkpointing, steps):
-    name = f"{attention}-{'layer' if checkpointing else 'plain'}-{seq}"
-    metrics, log = os.path.join(logs, name + ".jsonl"), os.path.join(logs, name + ".log")
-    try:
-        with open(log, "w") as out:
-            run = subprocess.run([binary, "--config", CONFIG, "--set", f"log.metrics_file={metrics}"]
-                                 + shape_overrides(seq, attention, checkpointing, steps),
-                                 stdout=out, stderr=subprocess.STDOUT, timeout=150)
-        status = run.returncode
-    except subprocess.TimeoutExpired:
-        status = "timeout"
-    text = open(log).read()
-    if status != 0:
-        print(f"gpu-check: {name} ended with {status}:\n" + "\n".join(text.splitlines()[-15:]),
-              file=sys.stderr)
-        return None
-    steps_seen = [json.loads(l) for l in open(metrics) if '"tokens_per_s"' in l]
-    # The last step: the first pays for cuBLASLt plans, cuDNN graphs and the memory pool.
-    last = steps_seen[-1]
-    # Where the time before the first step went, and what the first steps built.
-    last["startup"] = [l.split("]", 1)[-1].strip() for l in text.splitlines()
-                       if "startup:" in l or " built " in l]
-    return last
-
-
-def torch_run(seq, checkpointing):
-    if not torch_peer:
-        return None
-    command = [sys.executable, "scripts/bench_torch_llama.py", "--layers", str(LAYERS),
-               "--d-model", str(D), "--heads", str(HEADS), "--kv-heads", str(KV),
-               "--d-ff", str(FF), "--vocab", str(VOCAB), "--seq", str(seq), "--steps", "3"]
-    if checkpointing:
-        command.append("--checkpointing")
-    try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired:
-        print(f"gpu-check: the PyTorch peer at {seq} timed out", file=sys.stderr)
-        return None
-    if run.returncode != 0:
-        print(f"gpu-check: the PyTorch peer at {seq} failed:\n{run.stderr[-1500:]}",
-              file=sys.stderr)
-        return None
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-ROWS = [("cudnn", False, 3), ("native", False, 2), ("cudnn", True, 3)]
-table = []
-for seq in (8192, 32768):
-    peers = {}
-    for attention, checkpointing, steps in ROWS:
-        label = attention + (" + layer ckpt" if checkpointing else "")
-        result = ulysses(seq, attention, checkpointing, steps)
-        if checkpointing not in peers:
-            peers[checkpointing] = torch_run(seq, checkpointing)
-        peer = peers[checkpointing]
-        plan = planned_peak(seq, attention, checkpointing)
-        if result is None:
-            table.append([label, seq, "failed"] + ["-"] * 8)
-            continue
-        tps = result["tokens_per_s"]
-        busy = result.get("device_busy")
-        table.append([
-            label, seq, f"{tps:,.0f}", f"{result['step_ms']:,.0f}",
-            f"{100 * tps * flops_per_token(seq) / PEAK_FLOPS:.1f}%",
-            f"{100 * busy:.0f}%" if busy is not None else "-",
-            gib(result["mem_peak_bytes"]["total"]), plan,
-            f"{peer['tokens_per_s']:,.0f}" if peer else "-",
-            gib(peer["peak_bytes"]) if peer else "-",
-            f"{tps / peer['tokens_per_s']:.2f}x" if peer else "-"])
-        print(f"   {label} {seq}: {table[-1][2]} tokens/s", flush=True)
-        for line in result["startup"]:
-            print(f"      {line}", flush=True)
-
-header = ["run", "tokens", "tok/s", "step ms", "MFU", "busy", "peak tracked", "planned",
-          "torch tok/s", "torch peak", "vs torch"]
-widths = [max(len(str(row[i])) for row in table + [header]) for i in range(len(header))]
-print()
-for row in [header] + table:
-    print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
-PYTHON
+if ! python3 scripts/gpu_table.py --binary "$BUILD/apps/ulysses-train" --logs "$LOGS/table" \
+    "${TORCH[@]}"; then
+  FAILED+=("Llama-1B table")
+fi
 
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "gpu-check: failed: ${FAILED[*]}" >&2
