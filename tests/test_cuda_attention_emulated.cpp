@@ -16,8 +16,9 @@
 //   cuda_attention_mma.cuh   warp_tile_pb with P's A registers 1 and 2 swapped: every
 //                            TensorCores case but T1 (one key: the swapped halves are zero),
 //                            Interface
-//   cuda_attention_mma.cuh   the forward without its cp_async_wait<1> (a missing
-//                            cp.async.wait_group): every TensorCores case, Interface
+//   cuda_attention_mma.cuh   stream_key_tiles (forward and dQ) without its cp_async_wait<1>
+//                            (a missing cp.async.wait_group): every TensorCores case,
+//                            Interface
 //   cuda_attention_mask.cuh  an unmasked causal tile: tiles_fully_visible taking k_first <=
 //                            q_first for k_last <= q_first (the diagonal tile counted wholly
 //                            visible): every TensorCores case, Interface

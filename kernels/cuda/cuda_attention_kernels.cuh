@@ -72,6 +72,28 @@ struct AttentionDims {
   float scale;
 };
 
+// The query tile of this block on a grid (query tiles, q heads, batch), the last (longest)
+// tiles scheduled first: its first row q0, its q head and the kv head the head reads (GQA by
+// index), and where their rows lie in [B, T, H, d] (offset of row 0, stride between rows).
+struct QueryTileBlock {
+  int64_t b, q0;
+  int h, kv_h;
+  int64_t q_offset, q_row_stride, kv_offset, kv_row_stride;
+};
+
+__device__ __forceinline__ QueryTileBlock query_tile_block(const AttentionDims& dims) {
+  QueryTileBlock block;
+  block.b = blockIdx.z;
+  block.q0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * kTile;
+  block.h = blockIdx.y;
+  block.kv_h = block.h / (dims.q_heads / dims.kv_heads);
+  block.q_offset = (block.b * dims.seq_len * dims.q_heads + block.h) * dims.dim;
+  block.q_row_stride = int64_t(dims.q_heads) * dims.dim;
+  block.kv_offset = (block.b * dims.seq_len * dims.kv_heads + block.kv_h) * dims.dim;
+  block.kv_row_stride = int64_t(dims.kv_heads) * dims.dim;
+  return block;
+}
+
 // Grid: (query tiles, q heads, batch); the last (longest) query tiles are scheduled first.
 // Key tiles before the document of the tile's first query, and past its last query, are
 // skipped (cuda_attention_mask.cuh). A query that sees no key gets out 0 and lse −inf.
@@ -89,19 +111,15 @@ __global__ void __launch_bounds__(kAttentionThreads)
 
   const int64_t T = dims.seq_len;
   const int D = dims.dim;
-  const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int kv_h = h / (dims.q_heads / dims.kv_heads);
+  const QueryTileBlock block = query_tile_block(dims);
+  const int64_t b = block.b, q0 = block.q0;
   const int row = threadIdx.x >> 2, quad = threadIdx.x & 3;
-  const int64_t q0 = tile * kTile;
   const int64_t query = q0 + row;
-  const int64_t q_row_stride = int64_t(dims.q_heads) * D;
-  const int64_t kv_row_stride = int64_t(dims.kv_heads) * D;
-  const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
-  const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
+  const int64_t kv_row_stride = block.kv_row_stride;
+  const bf16* k_head = k + block.kv_offset;
+  const bf16* v_head = v + block.kv_offset;
 
-  load_tile<kDim>(q_tile, q + (b * T * dims.q_heads + h) * D, q0, T, q_row_stride, D);
+  load_tile<kDim>(q_tile, q + block.q_offset, q0, T, block.q_row_stride, D);
   float acc[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
@@ -156,14 +174,14 @@ __global__ void __launch_bounds__(kAttentionThreads)
   }
 
   if (query >= T) return;
-  bf16* out_row = out + ((b * T + query) * dims.q_heads + h) * D;
+  bf16* out_row = out + block.q_offset + query * block.q_row_stride;
   const float inverse_sum = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     const int column = quad + 4 * c;
     if (column < D) out_row[column] = __float2bfloat16_rn(acc[c] * inverse_sum);
   }
-  if (quad == 0) lse[(b * dims.q_heads + h) * T + query] = row_max + logf(row_sum);
+  if (quad == 0) lse[(b * dims.q_heads + block.h) * T + query] = row_max + logf(row_sum);
 }
 
 // D[b, h, t] = Σ_d dO·O, one warp per (b, t, h) row (grid-stride over rows).
@@ -239,19 +257,15 @@ __global__ void __launch_bounds__(kAttentionThreads)
 
   const int64_t T = dims.seq_len;
   const int D = dims.dim;
-  const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int kv_h = h / (dims.q_heads / dims.kv_heads);
+  const QueryTileBlock block = query_tile_block(dims);
+  const int64_t b = block.b, q0 = block.q0;
   const int row = threadIdx.x >> 2, quad = threadIdx.x & 3;
-  const int64_t q0 = tile * kTile;
   const int64_t query = q0 + row;
-  const int64_t q_row_stride = int64_t(dims.q_heads) * D;
-  const int64_t kv_row_stride = int64_t(dims.kv_heads) * D;
-  const int64_t q_offset = (b * T * dims.q_heads + h) * D;
-  const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
-  const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
-  const int64_t stat_index = (b * dims.q_heads + h) * T + query;
+  const int64_t q_row_stride = block.q_row_stride, kv_row_stride = block.kv_row_stride;
+  const int64_t q_offset = block.q_offset;
+  const bf16* k_head = k + block.kv_offset;
+  const bf16* v_head = v + block.kv_offset;
+  const int64_t stat_index = (b * dims.q_heads + block.h) * T + query;
   const float row_lse = query < T ? lse[stat_index] : 0.0f;
   const float row_d = query < T ? dout_dot_out[stat_index] : 0.0f;
 

@@ -150,6 +150,54 @@ __device__ void store_rows(bf16* dst, const float acc[kDim / 8][4], const float 
   }
 }
 
+// What a warp of the forward and dQ kernels knows of its 16 query rows: the first row, the
+// document starts of this lane's two fragment rows and of the warp's last row (a padding row
+// past T takes the last token's; the mask hides it anyway), and the key tiles [first, end)
+// that the block's queries see.
+struct WarpQueries {
+  int64_t q0;
+  int64_t query_start[2];
+  int64_t last_start;
+  int64_t first_tile, end_tile;
+};
+
+__device__ __forceinline__ WarpQueries warp_queries(const QueryTileBlock& block,
+                                                    const AttentionMask& mask, int64_t T) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  WarpQueries rows;
+  rows.q0 = block.q0 + warp * kWarpRows;
+  for (int half = 0; half < 2; ++half) {
+    const int64_t query = rows.q0 + fragment_row(lane, 2 * half);
+    rows.query_start[half] = document_first_key(mask, block.b, query < T ? query : T - 1);
+  }
+  const int64_t last = rows.q0 + kWarpRows - 1;
+  rows.last_start = document_first_key(mask, block.b, last < T ? last : T - 1);
+  rows.first_tile = first_key_tile(mask, block.b, block.q0, kMmaRows);
+  rows.end_tile = end_key_tile(mask, block.q0 + kMmaRows - 1, T, kMmaRows);
+  return rows;
+}
+
+// One step of the K, V double buffer of the forward and dQ kernels, at key tile key_tile of
+// [first, end) in buffer (key_tile − first) % 2: starts the copies of the next tile into the other
+// buffer, if there is one, and waits until this tile has landed, for every thread. The
+// caller's __syncthreads after its last read frees the buffer for the step after.
+template <int kDim>
+__device__ void stream_key_tiles(bf16* k_tiles, bf16* v_tiles, int buffer, int64_t key_tile,
+                                 int64_t end, const bf16* k_head, const bf16* v_head, int64_t T,
+                                 int64_t kv_row_stride, int dim) {
+  constexpr int kTileElements = kMmaRows * kMmaStride<kDim>;
+  if (key_tile + 1 < end) {
+    const int64_t next = (key_tile + 1) * kMmaRows;
+    copy_tile_async<kDim>(k_tiles + (1 - buffer) * kTileElements, k_head, next, T, kv_row_stride,
+                          dim);
+    copy_tile_async<kDim>(v_tiles + (1 - buffer) * kTileElements, v_head, next, T, kv_row_stride,
+                          dim);
+  }
+  cp_async_commit();   // possibly empty: the wait below always leaves exactly the newest
+  cp_async_wait<1>();  // this tile's group has landed, the next one may still be in flight
+  __syncthreads();     // and every thread's part of it
+}
+
 // out = softmax(scale·Q·Kᵀ, causal)·V and lse = its log-sum-exp, [B, T, H, d] and [B, H, T].
 // Grid (query tiles, q heads, batch), the last (longest) query tiles first; 4 warps of 16
 // query rows. Shared memory: Q, then K and V twice (double buffer).
@@ -164,49 +212,24 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   const int64_t T = dims.seq_len;
   const int D = dims.dim;
-  const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int kv_h = h / (dims.q_heads / dims.kv_heads);
+  const QueryTileBlock block = query_tile_block(dims);
+  const WarpQueries rows = warp_queries(block, mask, T);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t q0 = tile * kMmaRows, warp_q0 = q0 + warp * kWarpRows;
-  const int64_t q_row_stride = int64_t(dims.q_heads) * D;
-  const int64_t kv_row_stride = int64_t(dims.kv_heads) * D;
-  const int64_t q_offset = (b * T * dims.q_heads + h) * D;
-  const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
-  const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
-  const int64_t first = first_key_tile(mask, b, q0, kMmaRows);
-  const int64_t end = end_key_tile(mask, q0 + kMmaRows - 1, T, kMmaRows);
-  // The document starts of this lane's two rows and of the warp's last row (a padding row
-  // past T takes the last token's; the mask hides it anyway).
-  int64_t query_start[2];
-  for (int half = 0; half < 2; ++half) {
-    const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
-    query_start[half] = document_first_key(mask, b, query < T ? query : T - 1);
-  }
-  const int64_t warp_last = warp_q0 + kWarpRows - 1;
-  const int64_t warp_last_start = document_first_key(mask, b, warp_last < T ? warp_last : T - 1);
+  const bf16* k_head = k + block.kv_offset;
+  const bf16* v_head = v + block.kv_offset;
 
-  copy_tile_async<kDim>(q_tile, q + q_offset, q0, T, q_row_stride, D);
-  copy_tile_async<kDim>(k_tiles, k_head, first * kMmaRows, T, kv_row_stride, D);
-  copy_tile_async<kDim>(v_tiles, v_head, first * kMmaRows, T, kv_row_stride, D);
+  copy_tile_async<kDim>(q_tile, q + block.q_offset, block.q0, T, block.q_row_stride, D);
+  copy_tile_async<kDim>(k_tiles, k_head, rows.first_tile * kMmaRows, T, block.kv_row_stride, D);
+  copy_tile_async<kDim>(v_tiles, v_head, rows.first_tile * kMmaRows, T, block.kv_row_stride, D);
   cp_async_commit();
 
   float o[kDim / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = dims.scale * kLog2e;  // scores in log2 units: exp2 is one instruction
-  for (int64_t key_tile = first; key_tile < end; ++key_tile) {
-    const int buffer = int((key_tile - first) % 2);
-    if (key_tile + 1 < end) {
-      const int64_t next = (key_tile + 1) * kMmaRows;
-      copy_tile_async<kDim>(k_tiles + (1 - buffer) * kTileElements, k_head, next, T, kv_row_stride,
-                            D);
-      copy_tile_async<kDim>(v_tiles + (1 - buffer) * kTileElements, v_head, next, T, kv_row_stride,
-                            D);
-    }
-    cp_async_commit();   // possibly empty: the wait below always leaves exactly the newest
-    cp_async_wait<1>();  // this tile's group has landed, the next one may still be in flight
-    __syncthreads();     // and every thread's part of it
+  for (int64_t key_tile = rows.first_tile; key_tile < rows.end_tile; ++key_tile) {
+    const int buffer = int((key_tile - rows.first_tile) % 2);
+    stream_key_tiles<kDim>(k_tiles, v_tiles, buffer, key_tile, rows.end_tile, k_head, v_head, T,
+                           block.kv_row_stride, D);
     const bf16* k_tile = k_tiles + buffer * kTileElements;
     const bf16* v_tile = v_tiles + buffer * kTileElements;
 
@@ -215,12 +238,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t k0 = key_tile * kMmaRows;
     // Padding rows (query ≥ T) are never written.
     const bool all_visible =
-        tiles_fully_visible(mask, warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
+        tiles_fully_visible(mask, rows.q0, rows.last_start, k0, k0 + kMmaRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
-        const int64_t query = warp_q0 + fragment_row(lane, i);
+        const int64_t query = rows.q0 + fragment_row(lane, i);
         const int64_t key = k0 + fragment_column(lane, n, i);
-        s[n][i] = all_visible || key_visible(mask, query, query_start[i / 2], key, T)
+        s[n][i] = all_visible || key_visible(mask, query, rows.query_start[i / 2], key, T)
                       ? s[n][i] * scale_log2
                       : -INFINITY;
       }
@@ -258,11 +281,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int half = 0; half < 2; ++half) {
     const float total = quad_sum(row_sum[half]);
     inverse_sum[half] = total > 0.0f ? 1.0f / total : 0.0f;  // a row that saw no key: out 0
-    const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
+    const int64_t query = rows.q0 + fragment_row(lane, 2 * half);
     if (lane % 4 == 0 && query < T)
-      lse[(b * dims.q_heads + h) * T + query] = (row_max[half] + log2f(total)) / kLog2e;
+      lse[(block.b * dims.q_heads + block.h) * T + query] = (row_max[half] + log2f(total)) / kLog2e;
   }
-  store_rows<kDim>(out + q_offset, o, inverse_sum, warp_q0, T, q_row_stride, D);
+  store_rows<kDim>(out + block.q_offset, o, inverse_sum, rows.q0, T, block.q_row_stride, D);
 }
 
 // dQ = scale · Σ_keys dS·K with dS = P ∘ (dP − D), P = exp(scale·Q·Kᵀ − lse), dP = dO·Vᵀ and
@@ -281,57 +304,32 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   const int64_t T = dims.seq_len;
   const int D = dims.dim;
-  const int64_t tile = int64_t(gridDim.x) - 1 - blockIdx.x;
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int kv_h = h / (dims.q_heads / dims.kv_heads);
+  const QueryTileBlock block = query_tile_block(dims);
+  const WarpQueries rows = warp_queries(block, mask, T);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t q0 = tile * kMmaRows, warp_q0 = q0 + warp * kWarpRows;
-  const int64_t q_row_stride = int64_t(dims.q_heads) * D;
-  const int64_t kv_row_stride = int64_t(dims.kv_heads) * D;
-  const int64_t q_offset = (b * T * dims.q_heads + h) * D;
-  const bf16* k_head = k + (b * T * dims.kv_heads + kv_h) * D;
-  const bf16* v_head = v + (b * T * dims.kv_heads + kv_h) * D;
-  const int64_t first = first_key_tile(mask, b, q0, kMmaRows);
-  const int64_t end = end_key_tile(mask, q0 + kMmaRows - 1, T, kMmaRows);
-  // The document starts of this lane's two rows and of the warp's last row (a padding row
-  // past T takes the last token's; the mask hides it anyway).
-  int64_t query_start[2];
-  for (int half = 0; half < 2; ++half) {
-    const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
-    query_start[half] = document_first_key(mask, b, query < T ? query : T - 1);
-  }
-  const int64_t warp_last = warp_q0 + kWarpRows - 1;
-  const int64_t warp_last_start = document_first_key(mask, b, warp_last < T ? warp_last : T - 1);
+  const bf16* k_head = k + block.kv_offset;
+  const bf16* v_head = v + block.kv_offset;
 
   float row_lse[2], row_d[2];  // lse in log2 units; padding rows read nothing
   for (int half = 0; half < 2; ++half) {
-    const int64_t query = warp_q0 + fragment_row(lane, 2 * half);
-    const int64_t stat = (b * dims.q_heads + h) * T + query;
+    const int64_t query = rows.q0 + fragment_row(lane, 2 * half);
+    const int64_t stat = (block.b * dims.q_heads + block.h) * T + query;
     row_lse[half] = query < T ? lse[stat] * kLog2e : 0.0f;
     row_d[half] = query < T ? dout_dot_out[stat] : 0.0f;
   }
 
-  copy_tile_async<kDim>(q_tile, q + q_offset, q0, T, q_row_stride, D);
-  copy_tile_async<kDim>(do_tile, dout + q_offset, q0, T, q_row_stride, D);
-  copy_tile_async<kDim>(k_tiles, k_head, first * kMmaRows, T, kv_row_stride, D);
-  copy_tile_async<kDim>(v_tiles, v_head, first * kMmaRows, T, kv_row_stride, D);
+  copy_tile_async<kDim>(q_tile, q + block.q_offset, block.q0, T, block.q_row_stride, D);
+  copy_tile_async<kDim>(do_tile, dout + block.q_offset, block.q0, T, block.q_row_stride, D);
+  copy_tile_async<kDim>(k_tiles, k_head, rows.first_tile * kMmaRows, T, block.kv_row_stride, D);
+  copy_tile_async<kDim>(v_tiles, v_head, rows.first_tile * kMmaRows, T, block.kv_row_stride, D);
   cp_async_commit();
 
   float dq_acc[kDim / 8][4] = {};
   const float scale_log2 = dims.scale * kLog2e;
-  for (int64_t key_tile = first; key_tile < end; ++key_tile) {
-    const int buffer = int((key_tile - first) % 2);
-    if (key_tile + 1 < end) {
-      const int64_t next = (key_tile + 1) * kMmaRows;
-      copy_tile_async<kDim>(k_tiles + (1 - buffer) * kTileElements, k_head, next, T, kv_row_stride,
-                            D);
-      copy_tile_async<kDim>(v_tiles + (1 - buffer) * kTileElements, v_head, next, T, kv_row_stride,
-                            D);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+  for (int64_t key_tile = rows.first_tile; key_tile < rows.end_tile; ++key_tile) {
+    const int buffer = int((key_tile - rows.first_tile) % 2);
+    stream_key_tiles<kDim>(k_tiles, v_tiles, buffer, key_tile, rows.end_tile, k_head, v_head, T,
+                           block.kv_row_stride, D);
     const bf16* k_tile = k_tiles + buffer * kTileElements;
     const bf16* v_tile = v_tiles + buffer * kTileElements;
 
@@ -341,12 +339,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t k0 = key_tile * kMmaRows;
     // Padding rows (query ≥ T) are never written.
     const bool all_visible =
-        tiles_fully_visible(mask, warp_q0, warp_last_start, k0, k0 + kMmaRows - 1);
+        tiles_fully_visible(mask, rows.q0, rows.last_start, k0, k0 + kMmaRows - 1);
     for (int n = 0; n < kScoreTiles; ++n)
       for (int i = 0; i < 4; ++i) {
-        const int64_t query = warp_q0 + fragment_row(lane, i);
+        const int64_t query = rows.q0 + fragment_row(lane, i);
         const int64_t key = k0 + fragment_column(lane, n, i);
-        const float p = all_visible || key_visible(mask, query, query_start[i / 2], key, T)
+        const float p = all_visible || key_visible(mask, query, rows.query_start[i / 2], key, T)
                             ? exp2f(s[n][i] * scale_log2 - row_lse[i / 2])
                             : 0.0f;
         s[n][i] = p * (dp[n][i] - row_d[i / 2]);  // dS
@@ -355,7 +353,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();
   }
   const float scale[2] = {dims.scale, dims.scale};
-  store_rows<kDim>(dq + q_offset, dq_acc, scale, warp_q0, T, q_row_stride, D);
+  store_rows<kDim>(dq + block.q_offset, dq_acc, scale, rows.q0, T, block.q_row_stride, D);
 }
 
 // The query-side tiles of one step of the dK/dV kernel's loop into a buffer: q and dO rows by
