@@ -6,7 +6,7 @@
 //     the products c[M, N] = op(a)·op(b) over K, a and b each stored as used (n) or transposed
 //     (t), in the backend's compute dtype (bf16 on cuda: cuBLASLt), each the best of R calls
 //     after a warm-up, timed in a profiler phase (device time on cuda); then their FLOP-weighted
-//     rate. scripts/gpu-check.sh measures the shapes of a training step's GEMMs with it, the
+//     rate. scripts/gpu_table.py measures the shapes of a training step's GEMMs with it, the
 //     rate the step's GEMM phases are held against (docs/cuda.md).
 #include <CLI/CLI.hpp>
 #include <algorithm>

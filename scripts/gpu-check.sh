@@ -14,21 +14,32 @@
 #      `python3 -c 'import torch'` finds a GPU, the PyTorch peer on the same shapes
 #      (scripts/bench_torch_llama.py) and the ratio. Each run's end-of-run table (device time,
 #      each phase's share and TFLOP/s) and verdict are printed above the table.
-# Usage: scripts/gpu-check.sh [--build-dir DIR] [--skip-tests] [--skip-torch]
+# Usage: scripts/gpu-check.sh [--build-dir DIR] [--logs DIR] [--skip-tests] [--skip-torch]
+#        scripts/gpu-check.sh --binaries   (the build's binaries it runs, one per line; the
+#                                          last, test_cudnn_graphs, only where cuDNN is)
 #   --build-dir DIR  an existing Release build with CUDA: used as it is, nothing is configured
 #                    or built (a machine without the build's libraries can run it)
 #   otherwise        configures and builds into build-gpu first
+#   --logs DIR       keep every test's and run's log and metrics there (default: a temporary
+#                    folder, removed at the end)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TEST_BINARIES=(tests/test_backend_ops tests/test_cuda_ops tests/test_cuda_training
+               tests/test_cuda_profiling tests/mpi/staged_comm_test tests/mpi/staged_training_test)
+BINARIES=(apps/ulysses-train apps/ulysses-bench-attention apps/ulysses-bench-gemm
+          "${TEST_BINARIES[@]}")
 BUILD=""
+KEEP_LOGS=""
 RUN_TESTS=1
 RUN_TORCH=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD=${2:?gpu-check: --build-dir needs a folder}; shift 2 ;;
+    --binaries) printf '%s\n' "${BINARIES[@]}" tests/test_cudnn_graphs; exit 0 ;;
+    --logs) KEEP_LOGS=${2:?gpu-check: --logs needs a folder}; shift 2 ;;
     --skip-tests) RUN_TESTS=0; shift ;;
     --skip-torch) RUN_TORCH=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -39,32 +50,34 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 nvidia-smi -L | head -1
 
-TEST_BINARIES=(tests/test_backend_ops tests/test_cuda_ops tests/test_cuda_training
-               tests/test_cuda_profiling tests/mpi/staged_comm_test tests/mpi/staged_training_test)
 if [ -z "$BUILD" ]; then
   BUILD=build-gpu
   echo "== build (Release, CUDA on) into $BUILD"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DULYSSES_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
     { cat "$BUILD.configure.log"; exit 1; }
-  targets=(ulysses-train ulysses-bench-attention ulysses-bench-gemm)
-  for binary in "${TEST_BINARIES[@]}"; do targets+=("$(basename "$binary")"); done
+  targets=()
+  for binary in "${BINARIES[@]}"; do targets+=("$(basename "$binary")"); done
   cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}" >"$BUILD.build.log" 2>&1 ||
     { tail -50 "$BUILD.build.log"; exit 1; }
 else
   echo "== prebuilt: $BUILD"
 fi
-for binary in apps/ulysses-train apps/ulysses-bench-attention apps/ulysses-bench-gemm \
-              "${TEST_BINARIES[@]}"; do
+for binary in "${BINARIES[@]}"; do
   [ -x "$BUILD/$binary" ] || { echo "gpu-check: $BUILD/$binary is not built" >&2; exit 1; }
 done
-LOGS=$(mktemp -d)
-trap 'rm -rf "$LOGS"' EXIT
+if [ -n "$KEEP_LOGS" ]; then
+  LOGS=$KEEP_LOGS
+  mkdir -p "$LOGS"
+else
+  LOGS=$(mktemp -d)
+  trap 'rm -rf "$LOGS"' EXIT
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 # check NAME COMMAND...: runs a GPU test binary; a failure, a skip or a timeout fails the check.
 FAILED=()
 check() {
-  local name=$1 log="$LOGS/$1.log"
+  local name=$1 log="$LOGS/$(printf %s "$1" | tr -c "A-Za-z0-9_.-" _).log"
   shift
   echo "-- $name"
   if ! timeout 180 "$@" --gtest_brief=1 >"$log" 2>&1 || grep -q "SKIPPED\|FAILED" "$log"; then

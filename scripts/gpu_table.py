@@ -5,15 +5,16 @@ For each sequence length: cuBLASLt alone on the layer's GEMM shapes (ulysses-ben
 ulysses-train with cuDNN attention, the native kernels and cuDNN with layer checkpointing, each
 printing its startup lines, its end-of-run table (device time: each phase's share and rate)
 and verdict; then one table: tokens/s, step ms, MFU against the peak, the device's busy
-share, the step's GEMM phases' rate beside cuBLASLt's alone, peak tracked memory beside the
-planner's prediction, and where a PyTorch peer runs (scripts/bench_torch_llama.py) its
-tokens/s, peak and the ratio.
+share, the loss phase's ms, the step's GEMM phases' rate beside cuBLASLt's alone, peak
+tracked memory beside the planner's prediction, and where a PyTorch peer runs
+(scripts/bench_torch_llama.py) its tokens/s, peak and the ratio.
 
 Every run trains on the same random-token shard (data.source: tokens), so every target
 counts in the loss as in the PyTorch peer's cross-entropy over all tokens: the LM head does
 the same work on both sides.
 
     scripts/gpu_table.py --binary BUILD/apps/ulysses-train --logs DIR [--torch]
+    scripts/gpu_table.py ... --rows cudnn --set memory.loss_tile_tokens=256 (the loss tile)
     scripts/gpu_table.py ... --device cpu --shape 1,64,4,2,128,512 --seqs 128 (a smoke test)
 """
 import argparse
@@ -33,6 +34,12 @@ PARSER.add_argument("--shape", default="16,2048,32,8,8192,32000",
 PARSER.add_argument("--seqs", default="8192,32768", help="comma-separated sequence lengths")
 PARSER.add_argument("--peak-tflops", type=float, default=989.0,
                     help="the MFU's denominator (H200 dense bf16: 989)")
+PARSER.add_argument("--rows", default=None,
+                    help="comma-separated runs, each ATTENTION or ATTENTION+layer (layer "
+                         "checkpointing); default cudnn,native,cudnn+layer on cuda, "
+                         "native,native+layer on the cpu")
+PARSER.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run (e.g. memory.loss_tile_tokens=256)")
 PARSER.add_argument("--torch", action="store_true", help="run the PyTorch peer beside each")
 PARSER.add_argument("--timeout", type=int, default=150, help="seconds per run")
 ARGS = PARSER.parse_args()
@@ -42,9 +49,11 @@ SEQS = [int(v) for v in ARGS.seqs.split(",")]
 BENCH_GEMM = os.path.join(os.path.dirname(ARGS.binary), "ulysses-bench-gemm")
 CONFIG = os.path.join(ARGS.logs, "model.yaml")
 SHARD = os.path.join(ARGS.logs, "random_tokens.bin")
-# (attention, layer checkpointing, steps); the cpu backend has one attention, its own.
-ROWS = ([("cudnn", False, 3), ("native", False, 2), ("cudnn", True, 3)] if ARGS.device == "cuda"
-        else [("native", False, 2), ("native", True, 2)])
+# (attention, layer checkpointing, steps): the native kernels' slow runs take one step less.
+# The cpu backend has one attention, its own.
+DEFAULT_ROWS = "cudnn,native,cudnn+layer" if ARGS.device == "cuda" else "native,native+layer"
+ROWS = [(row.split("+")[0], row.endswith("+layer"), 2 if row.startswith("native") else 3)
+        for row in (ARGS.rows or DEFAULT_ROWS).split(",")]
 GEMM_PHASES = ("qkv projection", "output projection", "mlp")
 
 
@@ -65,7 +74,8 @@ def shape_overrides(seq, attention, checkpointing, steps):
               "memory.activation_checkpointing": "layer" if checkpointing else "none"}
     if ARGS.device == "cuda":
         values["kernels.attention"] = attention
-    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+    return ([arg for key, value in values.items() for arg in ("--set", f"{key}={value}")] +
+            [arg for override in ARGS.set for arg in ("--set", override)])
 
 
 def flops_per_token(seq):
@@ -189,6 +199,8 @@ def main():
                 f"data: {{source: tokens, path: {SHARD}}}\nlog: {{every: 1}}\n")
     table = []
     failed = 0
+    if ARGS.set:
+        print(f"   every run with --set {' --set '.join(ARGS.set)}", flush=True)
     for seq in SEQS:
         peers = {}
         print(f"   {ARGS.device} GEMMs alone on the layer's shapes at {seq} tokens:", flush=True)
@@ -202,15 +214,17 @@ def main():
             plan = planned_peak(seq, attention, checkpointing)
             if result is None:
                 failed += 1
-                table.append([label, seq, "failed"] + ["-"] * 10)
+                table.append([label, seq, "failed"] + ["-"] * 11)
                 continue
             tps = result["tokens_per_s"]
             busy = result.get("device_busy")
-            gemm_rate = gemm_phase_rate(result.get("phases", {}))
+            phases = result.get("phases", {})
+            gemm_rate = gemm_phase_rate(phases)
             table.append([
                 label, seq, f"{tps:,.0f}", f"{result['step_ms']:,.0f}",
                 f"{100 * tps * flops_per_token(seq) / (ARGS.peak_tflops * 1e12):.1f}%",
                 f"{100 * busy:.0f}%" if busy is not None else "-",
+                f"{1e3 * phases['loss']['s']:.1f}" if "loss" in phases else "-",
                 f"{gemm_rate / 1e12:.3g}" if gemm_rate is not None else "-",
                 f"{gemm_alone / 1e12:.3g}" if gemm_alone is not None else "-",
                 gib(result["mem_peak_bytes"]["total"]), plan,
@@ -221,7 +235,7 @@ def main():
             for line in result["startup"] + result["time_table"]:
                 print(f"      {line}", flush=True)
 
-    header = ["run", "tokens", "tok/s", "step ms", "MFU", "busy", "GEMM TFLOP/s",
+    header = ["run", "tokens", "tok/s", "step ms", "MFU", "busy", "loss ms", "GEMM TFLOP/s",
               "GEMMs alone", "peak tracked", "planned", "torch tok/s", "torch peak", "vs torch"]
     widths = [max(len(str(row[i])) for row in table + [header]) for i in range(len(header))]
     print()

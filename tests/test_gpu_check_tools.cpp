@@ -70,7 +70,7 @@ TEST(GpuTable, EveryRunOfTheTableTrainsAndFillsItsRow) {
   for (const char* row : {"native              | 128    | ", "native + layer ckpt | 128    | ",
                           "native              | 256    | ", "native + layer ckpt | 256    | "})
     EXPECT_MENTIONS(result.output, row);
-  // Each row's GEMM rate and the GEMMs alone (columns 7 and 8): numbers, not "-".
+  // Each row's loss ms, GEMM rate and the GEMMs alone (columns 7 to 9): numbers, not "-".
   const size_t table = result.output.rfind("\nrun ");
   ASSERT_NE(table, std::string::npos) << result.output;
   std::istringstream rows(result.output.substr(table + 1));
@@ -85,8 +85,8 @@ TEST(GpuTable, EveryRunOfTheTableTrainsAndFillsItsRow) {
       if (bar == std::string::npos) break;
       from = bar + 3;
     }
-    ASSERT_EQ(cells.size(), 13u) << row;
-    for (size_t column : {6u, 7u})
+    ASSERT_EQ(cells.size(), 14u) << row;
+    for (size_t column : {6u, 7u, 8u})
       EXPECT_GT(std::atof(cells[column].c_str()), 0.0) << "column " << column << ": " << row;
     ++checked;
   }
@@ -98,6 +98,22 @@ TEST(GpuTable, EveryRunOfTheTableTrainsAndFillsItsRow) {
     if (line.find("\"phases\"") != std::string::npos) last = line;
   const nlohmann::json step = nlohmann::json::parse(last);
   EXPECT_EQ(step["phases"]["loss"]["flops"].get<double>(), 3.0 * 2.0 * 128 * 64 * 512);
+}
+
+// --rows picks the runs and --set applies to every one: how a GPU session compares loss tiles.
+TEST(GpuTable, RowsAndOverridesAreTheCallersChoice) {
+  TempDir dir;
+  const auto result =
+      run_command("/usr/bin/python3 " ULYSSES_SOURCE_DIR "/scripts/gpu_table.py --binary " +
+                  kTrain + " --logs " + dir.path() +
+                  " --device cpu --shape 1,64,4,2,128,512 --seqs 128 --rows native "
+                  "--set memory.loss_tile_tokens=32");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_MENTIONS(result.output, "every run with --set memory.loss_tile_tokens=32");
+  EXPECT_MENTIONS(result.output, "\nnative | 128    | ");
+  EXPECT_EQ(result.output.find("layer ckpt"), std::string::npos) << result.output;
+  EXPECT_MENTIONS(testing::read_text_file(dir.file("native-plain-128.log")),
+                  "loss tiles of 32 tokens");
 }
 
 }  // namespace
