@@ -238,22 +238,9 @@ void CpuBackend::bias_forward_impl(const Tensor& out, const Tensor& bias) {
 void CpuBackend::bias_backward_impl(const Tensor& dbias, const Tensor& dout) {
   const int64_t width = dbias.numel();
   const int64_t rows = dout.numel() / width;
-  float* db = dbias.f32();
   const float* g = dout.f32();
-  // Threads own blocks of columns and add rows in order: no races, fixed summation order.
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (width + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t block = 0; block < blocks; ++block) {
-    const int64_t j0 = block * kBlock;
-    const int64_t count = std::min(kBlock, width - j0);
-    double sum[kBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = g + r * width + j0;
-      for (int64_t j = 0; j < count; ++j) sum[j] += row[j];
-    }
-    for (int64_t j = 0; j < count; ++j) db[j0 + j] += float(sum[j]);
-  }
+  cpu::add_column_sums(dbias.f32(), width, rows,
+                       [&](int64_t r, int64_t j) { return g[r * width + j]; });
 }
 
 // ---- optimizer ---------------------------------------------------------------------------

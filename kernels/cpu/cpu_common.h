@@ -1,8 +1,10 @@
-// Helpers shared by the cpu backend's source files: comparisons without branches and a
-// vectorisable exp. The dtypes and shapes of every op are checked by its contract
-// (kernels/op_contracts.h) before any OpenMP region, since an exception must not leave one.
+// Helpers shared by the cpu backend's source files: comparisons without branches, a
+// vectorisable exp and deterministic column sums. The dtypes and shapes of every op are checked by
+// its contract (kernels/op_contracts.h) before any OpenMP region, since an exception must not leave
+// one.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -57,6 +59,24 @@ inline float fast_exp(float x) {
   p = p * r * r + r + 1.0f;
   const float value = p * std::bit_cast<float>((n_int + 127) << 23);
   return select(underflow, 0.0f, value);
+}
+
+// dst[j] += sum over r of term(r, j), for j < width. Threads own blocks of columns, so every
+// column is summed by one thread in row order.
+template <typename Term>
+void add_column_sums(float* dst, int64_t width, int64_t rows, Term term) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (width + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t j0 = block * kBlock;
+    const int64_t count = std::min(kBlock, width - j0);
+    double sum[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < count; ++j) sum[j] += term(r, j0 + j);
+    }
+    for (int64_t j = 0; j < count; ++j) dst[j0 + j] += float(sum[j]);
+  }
 }
 
 }  // namespace ulysses::cpu

@@ -8,28 +8,6 @@
 
 namespace ulysses {
 
-namespace {
-
-// dst[j] += sum over r of term(r, j), for j < width. Threads own blocks of columns, so every
-// column is summed by one thread in row order.
-template <typename Term>
-void add_column_sums(float* dst, int64_t width, int64_t rows, Term term) {
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (width + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t block = 0; block < blocks; ++block) {
-    const int64_t j0 = block * kBlock;
-    const int64_t count = std::min(kBlock, width - j0);
-    double sum[kBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < count; ++j) sum[j] += term(r, j0 + j);
-    }
-    for (int64_t j = 0; j < count; ++j) dst[j0 + j] += float(sum[j]);
-  }
-}
-
-}  // namespace
-
 void CpuBackend::rmsnorm_forward_impl(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                       const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
@@ -65,7 +43,7 @@ void CpuBackend::rmsnorm_backward_impl(const Tensor& dx, const Tensor& dweight, 
   const float* rs = rstd.f32();
   float* dxp = dx.f32();
   // Weight gradients first, so that dx may be the same buffer as dout.
-  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
+  cpu::add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
     return double(g[r * width + j]) * double(in[r * width + j]) * double(rs[r]);
   });
   // out_j = x_j r w_j with r = (mean(x²) + eps)^(-1/2), dr/dx_j = -r³ x_j / C, so
@@ -135,11 +113,11 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dx, const Tensor& dweight
   const float* rs = rstd.f32();
   float* dxp = dx.f32();
   // Weight and bias gradients first, so that dx may be the same buffer as dout.
-  add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
+  cpu::add_column_sums(dweight.f32(), width, rows, [&](int64_t r, int64_t j) {
     return double(g[r * width + j]) * (double(in[r * width + j]) - double(mu[r])) * double(rs[r]);
   });
-  add_column_sums(dbias.f32(), width, rows,
-                  [&](int64_t r, int64_t j) { return double(g[r * width + j]); });
+  cpu::add_column_sums(dbias.f32(), width, rows,
+                       [&](int64_t r, int64_t j) { return double(g[r * width + j]); });
   // With x̂ = (x - mean) r and ĝ = g w: dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)).
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
