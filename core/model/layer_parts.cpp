@@ -20,21 +20,29 @@ QkvTensors qkv_tensors(const LayerTensors& t, int64_t q_width, int64_t kv_width)
           b.flat_range(q_width + kv_width, kv_width)};
 }
 
+void for_each_document_piece(
+    const Documents& documents, int64_t pos_offset, int64_t batch, int64_t seq_local,
+    const std::function<void(int64_t first_row, int64_t count, int64_t position)>& visit) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (const DocumentPiece& piece :
+         document_pieces(documents.starts[size_t(b)], pos_offset, seq_local))
+      visit(b * seq_local + piece.begin - pos_offset, piece.end - piece.begin, piece.position);
+}
+
 void rope_at_positions(Backend& backend, const Tensor& x, const BlockShape& shape, float theta,
                        bool inverse) {
   if (shape.documents.none()) {
     backend.rope(x, shape.pos_offset, theta, inverse);
     return;
   }
-  const int64_t T = x.dim(1), heads = x.dim(2), d = x.dim(3);
-  for (int64_t b = 0; b < x.dim(0); ++b) {
-    for (const DocumentPiece& piece :
-         document_pieces(shape.documents.starts[size_t(b)], shape.pos_offset, T)) {
-      const int64_t first = b * T + piece.begin - shape.pos_offset, count = piece.end - piece.begin;
-      backend.rope(x.flat_range(first * heads * d, count * heads * d).reshape({1, count, heads, d}),
-                   piece.position, theta, inverse);
-    }
-  }
+  const int64_t heads = x.dim(2), d = x.dim(3);
+  for_each_document_piece(
+      shape.documents, shape.pos_offset, x.dim(0), x.dim(1),
+      [&](int64_t first, int64_t count, int64_t position) {
+        backend.rope(
+            x.flat_range(first * heads * d, count * heads * d).reshape({1, count, heads, d}),
+            position, theta, inverse);
+      });
 }
 
 LayerTensors layer_tensors(const ParamTable& table, const Tensor& window, int64_t window_begin,

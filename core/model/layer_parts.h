@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 
 #include "core/model/params.h"
 #include "kernels/backend.h"
@@ -36,6 +37,13 @@ struct BlockShape {
   // or none. Attention masks across them and positions restart at each.
   Documents documents;
 };
+
+// Each piece of a document among the tokens [batch, seq_local] starting at global position
+// pos_offset: visit(first_row, count, position) with its first row of the batch · seq_local,
+// its length and the position inside its document it starts at (kernels/documents.h).
+void for_each_document_piece(
+    const Documents& documents, int64_t pos_offset, int64_t batch, int64_t seq_local,
+    const std::function<void(int64_t first_row, int64_t count, int64_t position)>& visit);
 
 // RoPE on x[B, T, h, d], this rank's tokens of shape: at their global positions, or with
 // documents at their positions inside their documents (one call per piece of a document).

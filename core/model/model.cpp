@@ -180,17 +180,14 @@ void Model::embed(const Tensor& out) {
     backend_.embedding_forward(out, tokens_, weight(R::token_embedding), wpe, shape_.pos_offset);
     return;
   }
-  const int64_t T = shape_.seq_local, C = model_config_.d_model;
-  for (int64_t b = 0; b < shape_.batch; ++b) {
-    for (const DocumentPiece& piece :
-         document_pieces(shape_.documents.starts[size_t(b)], shape_.pos_offset, T)) {
-      const int64_t first = b * T + piece.begin - shape_.pos_offset,
-                    count = piece.end - piece.begin;
-      backend_.embedding_forward(out.flat_range(first * C, count * C).reshape({1, count, C}),
-                                 tokens_.tensor().flat_range(first, count).reshape({1, count}),
-                                 weight(R::token_embedding), wpe, piece.position);
-    }
-  }
+  const int64_t C = model_config_.d_model;
+  for_each_document_piece(shape_.documents, shape_.pos_offset, shape_.batch, shape_.seq_local,
+                          [&](int64_t first, int64_t count, int64_t position) {
+                            backend_.embedding_forward(
+                                out.flat_range(first * C, count * C).reshape({1, count, C}),
+                                tokens_.tensor().flat_range(first, count).reshape({1, count}),
+                                weight(R::token_embedding), wpe, position);
+                          });
 }
 
 void Model::embed_backward(const Tensor& dout) {
@@ -200,18 +197,15 @@ void Model::embed_backward(const Tensor& dout) {
                                 shape_.pos_offset);
     return;
   }
-  const int64_t T = shape_.seq_local, C = model_config_.d_model;
-  for (int64_t b = 0; b < shape_.batch; ++b) {
-    for (const DocumentPiece& piece :
-         document_pieces(shape_.documents.starts[size_t(b)], shape_.pos_offset, T)) {
-      const int64_t first = b * T + piece.begin - shape_.pos_offset,
-                    count = piece.end - piece.begin;
-      backend_.embedding_backward(gradient(R::token_embedding), dwpe,
-                                  dout.flat_range(first * C, count * C).reshape({1, count, C}),
-                                  tokens_.tensor().flat_range(first, count).reshape({1, count}),
-                                  piece.position);
-    }
-  }
+  const int64_t C = model_config_.d_model;
+  for_each_document_piece(shape_.documents, shape_.pos_offset, shape_.batch, shape_.seq_local,
+                          [&](int64_t first, int64_t count, int64_t position) {
+                            backend_.embedding_backward(
+                                gradient(R::token_embedding), dwpe,
+                                dout.flat_range(first * C, count * C).reshape({1, count, C}),
+                                tokens_.tensor().flat_range(first, count).reshape({1, count}),
+                                position);
+                          });
 }
 
 void Model::final_norm_forward() {
