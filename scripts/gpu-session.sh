@@ -49,11 +49,11 @@ step() {
   SUMMARY+=("$name: $verdict in $((SECONDS - started)) s")
 }
 
-step 1-gpu-check 300 scripts/gpu-check.sh --build-dir "$BUILD" --logs "$OUT/gpu-check"
-step 2-loss-tile-256 90 python3 scripts/gpu_table.py --binary "$BUILD/apps/ulysses-train" \
+step 1-gpu-check 360 scripts/gpu-check.sh --build-dir "$BUILD" --logs "$OUT/gpu-check"
+step 2-loss-tile-256 80 python3 scripts/gpu_table.py --binary "$BUILD/apps/ulysses-train" \
   --logs "$OUT/loss-tile-256" --rows cudnn --set memory.loss_tile_tokens=256
-step 3-startup 90 scripts/bench-startup.sh --build-dir "$BUILD" --runs 2
-step 4-device-timing 90 scripts/bench-device-timing.sh --binary "$BUILD/apps/ulysses-train"
+step 3-startup 70 scripts/bench-startup.sh --build-dir "$BUILD" --runs 2
+step 4-device-timing 60 scripts/bench-device-timing.sh --binary "$BUILD/apps/ulysses-train"
 
 echo "== summary"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
