@@ -58,9 +58,10 @@ class RunProfile {
   int64_t steps() const { return steps_; }
 
   // Collective over world: the end-of-run table (rank 0; "" elsewhere): per phase the mean
-  // seconds per step over the ranks and its share of the step, the max over ranks and the
-  // slowest rank; device-timed, also the host's seconds, the device streams beside the
-  // compute one, the device's busy share and its launches per step.
+  // seconds per step over the ranks, its share of the step and, where it carries FLOPs, its
+  // rate (docs/profiling.md), the max over ranks and the slowest rank; device-timed, also the
+  // host's seconds, the device streams beside the compute one, the device's busy share and its
+  // launches per step.
   std::string table(Comm& world) const;
   // Collective: the totals of the step phases, the all-to-alls in flight and the device
   // streams, averaged over the ranks (what the verdict judges).
