@@ -58,7 +58,8 @@ GEMM_PHASES = ("qkv projection", "output projection", "mlp")
 
 
 def write_random_shard(path, tokens):
-    # An llm.c token shard (docs/data.md): 256 int32 of header, then uint16 tokens.
+    # An llm.c token shard (docs/configuration.md, "tokens"): 256 int32 of header, then uint16
+    # tokens.
     assert VOCAB <= 1 << 16, "a uint16 shard holds token ids below 65536"
     rng = random.Random(0)
     header = struct.pack("<256i", 20240520, 1, tokens, *([0] * 253))
