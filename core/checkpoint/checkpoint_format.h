@@ -31,6 +31,8 @@ inline constexpr const char* kCheckpointLatestFile = "latest";
 // (core/checkpoint/checkpoint_overwrite.h).
 inline constexpr const char* kOverwritePendingFolder = ".overwrite-pending";
 inline constexpr const char* kOverwriteReplacementFile = "replaced-by";
+// The pending folder's name once the overwrite is complete and its contents are being deleted.
+inline constexpr const char* kOverwriteDeletingFolder = ".overwrite-deleting";
 
 // "step_00001000"
 std::string checkpoint_folder_name(int64_t step);

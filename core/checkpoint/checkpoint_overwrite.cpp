@@ -51,14 +51,31 @@ void move_replaced_aside(const std::string& dir, const std::vector<std::string>&
 }
 
 void delete_replaced(const std::string& dir) {
-  fs::remove_all(pending_folder(dir));
+  // One rename settles it: a crash while the contents are deleted one by one leaves them
+  // under a name the next run only deletes. Deleted in place, a crash could leave some of the
+  // replaced checkpoints without `replaced-by`, and the next run would move them back beside
+  // the new ones.
+  const std::string deleting = dir + "/" + kOverwriteDeletingFolder;
+  fs::remove_all(deleting);
+  rename_or_throw(pending_folder(dir), deleting);
+  fsync_directory(dir);
+  fs::remove_all(deleting);
   fsync_directory(dir);
 }
 
 std::string recover_interrupted_overwrite(const std::string& dir) {
+  if (dir.empty()) return "";
   const std::string pending = pending_folder(dir);
+  const std::string deleting = dir + "/" + kOverwriteDeletingFolder;
   std::error_code error;
-  if (dir.empty() || !fs::is_directory(pending, error)) return "";
+  if (fs::exists(deleting, error)) {
+    fs::remove_all(deleting);
+    fsync_directory(dir);
+    if (!fs::is_directory(pending, error))
+      return "train.checkpoint.overwrite was interrupted in '" + dir + "' while it deleted the " +
+             "checkpoints of the earlier run it replaced: deleted the rest";
+  }
+  if (!fs::is_directory(pending, error)) return "";
   const std::string new_name = replacement_name(pending);
   std::vector<std::string> moved;  // what was moved aside, by name
   for (const auto& entry : fs::directory_iterator(pending)) {

@@ -15,14 +15,15 @@ namespace ulysses {
 // new_name (not yet in dir) replaces them.
 void move_replaced_aside(const std::string& dir, const std::vector<std::string>& replaced,
                          const std::string& new_name);
-// Rank 0, once the new checkpoint and `latest` are in place: deletes what was moved aside.
+// Rank 0, once the new checkpoint and `latest` are in place: deletes what was moved aside,
+// first renaming dir/.overwrite-pending to dir/.overwrite-deleting.
 void delete_replaced(const std::string& dir);
 
 // Rank 0, before anything reads dir: what an interrupted overwrite left in
 // dir/.overwrite-pending is deleted when the new checkpoint it names is in place and intact,
-// and moved back otherwise. Returns what it did, for the log ("" when there was nothing to
-// do); throws CheckpointError when something cannot be moved back because a file or folder of
-// its name is in the way.
+// and moved back otherwise; dir/.overwrite-deleting is deleted. Returns what it did, for the log
+// ("" when there was nothing to do); throws CheckpointError when something cannot be moved back
+// because a file or folder of its name is in the way.
 std::string recover_interrupted_overwrite(const std::string& dir);
 
 }  // namespace ulysses
