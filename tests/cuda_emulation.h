@@ -4,9 +4,10 @@
 // memory, bf16, the math intrinsics the kernels call and cub::BlockReduce. Blocks run one
 // after another, so a static variable is the block's __shared__ one. What it checks is a
 // kernel's logic (indexing, tile edges, grid-stride loops, barriers, shuffles, shared-memory
-// sizes), not its speed or GPU-specific numerics. No kernel of the backend uses atomics
-// (docs/cuda.md, "Determinism"), so none are emulated. Include it before a kernel header
-// written for kernels/cuda/cuda_device.cuh's environment.
+// sizes, the ordering of cp.async copies by waits and barriers), not its speed or GPU-specific
+// numerics. No kernel of the backend uses atomics (docs/cuda.md, "Determinism"), so none are
+// emulated. Include it before a kernel header written for kernels/cuda/cuda_device.cuh's
+// environment.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -51,9 +53,22 @@ struct bf16 {
 
 namespace emulation {
 
+// Who last wrote and read a 16-byte piece of shared memory through the tensor-core
+// instructions (see "Shared-memory hazards" below). Epochs count a thread's __syncthreads.
+struct SharedPiece {
+  static constexpr unsigned kNobody = ~0u, kSeveral = ~0u - 1, kNotYet = ~0u;
+  unsigned writer = kNobody;
+  unsigned write_epoch = 0;    // when the cp.async was issued
+  unsigned visible_epoch = 0;  // from when other threads may read it (kNotYet: in flight)
+  unsigned reader = kNobody;   // a thread, or kSeveral
+  unsigned read_epoch = kNotYet;
+};
+
 // The block being run: its shared memory, its barrier and one barrier per warp.
 struct Block {
   std::vector<unsigned char> shared;
+  std::vector<SharedPiece> pieces;  // one per 16 bytes of shared
+  std::mutex pieces_mutex;
   std::unique_ptr<std::barrier<>> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<float> lanes;  // one shuffle slot per thread
@@ -99,8 +114,13 @@ inline void sincos(double angle, double* sine, double* cosine) {
   *cosine = std::cos(angle);
 }
 
+namespace ulysses::cuda::emulation {
+inline thread_local unsigned barrier_epoch = 0;  // the __syncthreads this thread has passed
+}
+
 inline void __syncthreads() {
   ulysses::cuda::emulation::block->all->arrive_and_wait();
+  ++ulysses::cuda::emulation::barrier_epoch;
 }
 
 // Every lane of the warp must take part, as with a full mask on the GPU.
@@ -172,6 +192,72 @@ inline void check_shared(const void* address, size_t bytes, size_t alignment, co
   const auto* p = static_cast<const unsigned char*>(address);
   if (p < begin || p + bytes > begin + block->shared.size()) fail(op);
   if (reinterpret_cast<uintptr_t>(p) % alignment != 0) fail(op);
+}
+
+// Shared-memory hazards. On the GPU another thread's cp.async data may land at any moment
+// between its issue and its wait_group, and is ordered for the block only by a __syncthreads
+// after the wait; here it lands at the wait, so a missing barrier would usually go unseen (the
+// threads happen to run in a safe order). So the pieces that the tensor-core instructions
+// touch keep who wrote and read them in which barrier epoch, and a kernel fails, naming the
+// hazard, whatever the order the threads ran in:
+//   - ldmatrix reads a piece that another thread's cp.async writes and no __syncthreads has
+//     followed its wait (read after write), or a piece whose copy by this thread is not waited for;
+//   - cp.async writes a piece that another thread read since the last __syncthreads (write
+//     after read: a double buffer refilled while a warp still reads it), or that another
+//     thread's copy still writes.
+// Plain loads and stores are not tracked; the tensor-core kernels keep them to per-row
+// statistics ordered by the same barriers as their tiles (docs/cuda.md, "Checked on the host").
+inline SharedPiece& piece_at(const void* address) {
+  const auto* p = static_cast<const unsigned char*>(address);
+  return block->pieces[size_t(p - block->shared.data()) / 16];
+}
+
+inline void fail_hazard(const char* what, unsigned other) {
+  char message[256];
+  if (other == SharedPiece::kSeveral)
+    std::snprintf(message, sizeof message, "%s; the others: several threads", what);
+  else
+    std::snprintf(message, sizeof message, "%s; the other: thread %u", what, other);
+  fail(message);
+}
+
+inline void note_async_write(const void* address) {
+  std::lock_guard<std::mutex> lock(block->pieces_mutex);
+  SharedPiece& piece = piece_at(address);
+  const unsigned self = threadIdx.x, epoch = barrier_epoch;
+  if (piece.read_epoch == epoch && piece.reader != self)
+    fail_hazard(
+        "cp.async overwrites shared memory that another thread read with no __syncthreads "
+        "between",
+        piece.reader);
+  if (piece.writer != SharedPiece::kNobody && piece.writer != self && epoch < piece.visible_epoch)
+    fail_hazard("cp.async writes shared memory that another thread's cp.async still writes",
+                piece.writer);
+  piece = {self, epoch, SharedPiece::kNotYet, SharedPiece::kNobody, SharedPiece::kNotYet};
+}
+
+inline void note_async_landed(const void* address) {
+  std::lock_guard<std::mutex> lock(block->pieces_mutex);
+  piece_at(address).visible_epoch = barrier_epoch + 1;  // for the others, after a barrier
+}
+
+inline void note_read(const void* address) {
+  std::lock_guard<std::mutex> lock(block->pieces_mutex);
+  SharedPiece& piece = piece_at(address);
+  const unsigned self = threadIdx.x, epoch = barrier_epoch;
+  if (piece.writer == self && piece.visible_epoch == SharedPiece::kNotYet)
+    fail("ldmatrix reads shared memory that this thread's cp.async has not been waited for");
+  if (piece.writer != SharedPiece::kNobody && piece.writer != self && epoch < piece.visible_epoch)
+    fail_hazard(
+        "ldmatrix reads shared memory that another thread's cp.async writes, with no "
+        "wait and __syncthreads between",
+        piece.writer);
+  if (piece.read_epoch != epoch) {
+    piece.read_epoch = epoch;
+    piece.reader = self;
+  } else if (piece.reader != self) {
+    piece.reader = SharedPiece::kSeveral;
+  }
 }
 
 inline uint16_t low_half(uint32_t word) {
@@ -257,6 +343,7 @@ inline void ldmatrix(uint32_t r[4], const bf16* row, bool transposed) {
   check_shared(row, 16, 16, "ldmatrix row address outside shared memory or not 16-byte aligned");
   Block& b = *block;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  note_read(row);
   const bf16** set = &b.matrix_rows[size_t(exchange_set()) * blockDim.x];
   set[threadIdx.x] = row;
   b.warps[warp]->arrive_and_wait();
@@ -287,6 +374,7 @@ inline void cp_async_16(void* dst, const void* src, bool inside) {
   emulation::check_shared(dst, 16, 16, "cp.async destination outside shared memory or unaligned");
   if (inside && reinterpret_cast<uintptr_t>(src) % 16 != 0)
     emulation::fail("cp.async source not 16-byte aligned");
+  emulation::note_async_write(dst);
   emulation::AsyncCopy copy{static_cast<unsigned char*>(dst), {}};
   if (inside) std::memcpy(copy.bytes, src, 16);
   emulation::async_copies.open.push_back(copy);
@@ -301,8 +389,10 @@ template <int kPending>
 void cp_async_wait() {
   emulation::AsyncCopies& copies = emulation::async_copies;
   while (copies.committed.size() > size_t(kPending)) {
-    for (const emulation::AsyncCopy& copy : copies.committed.front())
+    for (const emulation::AsyncCopy& copy : copies.committed.front()) {
       std::memcpy(copy.dst, copy.bytes, 16);
+      emulation::note_async_landed(copy.dst);
+    }
     copies.committed.pop_front();
   }
 }
@@ -325,6 +415,7 @@ inline void launch(dim3 grid, unsigned threads, size_t shared_bytes,
   std::barrier<> between_blocks(threads);
   auto prepare = [&] {
     current.shared.assign(shared_bytes, 0xff);
+    current.pieces.assign((shared_bytes + 15) / 16, SharedPiece{});
     current.all = std::make_unique<std::barrier<>>(threads);
     current.warps.clear();
     for (unsigned w = 0; w < (threads + 31) / 32; ++w)
@@ -344,6 +435,7 @@ inline void launch(dim3 grid, unsigned threads, size_t shared_bytes,
         blockIdx = dim3(index % grid.x, index / grid.x % grid.y, index / (grid.x * grid.y));
         async_copies = AsyncCopies{};  // what a previous block left in flight is not this block's
         exchanges = 0;
+        barrier_epoch = 0;
         body();
         current.warps[t / 32]->arrive_and_drop();
         current.all->arrive_and_drop();
