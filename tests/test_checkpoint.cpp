@@ -214,7 +214,11 @@ TEST_F(CheckpointFixture, OptimizerRangesThatDoNotCoverTheModelAreRefused) {
   EXPECT_NE(result.output.find("ranges must be in order"), std::string::npos) << result.output;
 }
 
+// A kill while pruning leaves the folder being deleted as .pruning-step_XXXXXXXX, never a
+// half-deleted step folder; the next start deletes it.
 TEST_F(CheckpointFixture, KeepLastPrunesOnlyOlderCompleteCheckpoints) {
+  fs::create_directories(dir_.file("ckpt/.pruning-step_00000042"));
+  testing::write_text_file(dir_.file("ckpt/.pruning-step_00000042/trainer_state.json"), "{");
   auto run = run_command(kTrain + " --config " + dir_.file("c.yaml") +
                          " --set train.steps=9 --set train.checkpoint.keep_last=2 --resume auto");
   ASSERT_EQ(run.exit_code, 0) << run.output;

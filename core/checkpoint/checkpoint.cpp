@@ -95,6 +95,27 @@ std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
   return "";
 }
 
+// Pruning renames a step folder to .pruning-step_XXXXXXXX before deleting it, so that a kill
+// while deleting leaves a hidden folder, never a half-deleted step folder
+// (docs/checkpoints.md); the next start deletes what such a kill left.
+constexpr const char* kPruningPrefix = ".pruning-";
+
+void delete_pruned_folder(const std::string& folder) {
+  const fs::path path(folder);
+  const std::string doomed =
+      (path.parent_path() / (kPruningPrefix + path.filename().string())).string();
+  fs::remove_all(doomed);
+  rename_or_throw(folder, doomed);
+  fs::remove_all(doomed);
+}
+
+void delete_interrupted_prunes(const std::string& checkpoint_dir) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(checkpoint_dir, error))
+    if (entry.path().filename().string().rfind(kPruningPrefix, 0) == 0)
+      fs::remove_all(entry.path());
+}
+
 }  // namespace
 
 void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir) {
@@ -105,6 +126,7 @@ void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir) {
     try {
       const std::string done = recover_interrupted_overwrite(checkpoint_dir);
       if (!done.empty()) spdlog::warn("{}", done);
+      delete_interrupted_prunes(checkpoint_dir);
     } catch (const std::exception& problem) {
       error = problem.what();
     }
@@ -374,7 +396,8 @@ void Checkpointer::prune(const std::string& just_written, const std::string& goo
   // The good folder as the trainer names it may be spelled otherwise (a resumed run's path).
   std::error_code error;
   for (const std::string& folder : folders_to_prune(folders, keep, just_written, good_folder))
-    if (good_folder.empty() || !fs::equivalent(folder, good_folder, error)) fs::remove_all(folder);
+    if (good_folder.empty() || !fs::equivalent(folder, good_folder, error))
+      delete_pruned_folder(folder);
 }
 
 TrainerState Checkpointer::load(const std::string& folder, Model& model,
