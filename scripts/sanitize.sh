@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs the CUDA kernels on the host (tests/cuda_emulation.h: one std::thread per GPU thread)
+# under clang's sanitizers (docs/cuda.md, "Checked on the host"):
+#   thread   ThreadSanitizer. Two GPU threads that touch the same shared memory with no barrier
+#            between are two host threads racing here, reported from the order of barriers,
+#            whatever order the threads happened to run in: a missing __syncthreads fails even
+#            when the results come out right.
+#   address  AddressSanitizer. A kernel that reads or writes global memory outside its tensors
+#            (a tile edge one row too far, even one whose values are masked) reads outside a
+#            host buffer here.
+# Each builds build-tsan/ or build-asan/ (clang, the tests' code instrumented, no CUDA) and runs
+# the emulated attention kernels, the emulation's hazard checks and the op table's column of
+# every kernel on the host. Exits 1 on a report or a failed test.
+#
+# Usage: scripts/sanitize.sh [thread] [address]     (default: both)
+# Environment: SANITIZE_BUILD_JOBS (default: nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sanitizers=("$@")
+[ ${#sanitizers[@]} -eq 0 ] && sanitizers=(thread address)
+for sanitizer in "${sanitizers[@]}"; do
+  case "$sanitizer" in
+    thread | address) ;;
+    *) echo "sanitize: unknown sanitizer '$sanitizer' (thread, address)" >&2; exit 2 ;;
+  esac
+done
+if ! command -v clang++ >/dev/null; then
+  echo "sanitize: clang++ not found; run scripts/setup.sh --all (it installs clang)" >&2
+  exit 2
+fi
+tests=(test_cuda_attention_emulated test_cuda_emulation_hazards test_backend_ops)
+# One OpenMP and one OpenBLAS thread: their pools are not instrumented (the libraries are not,
+# tests/CMakeLists.txt), and the emulation's threads are the ones to check.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ignore_noninstrumented_modules=1 ${TSAN_OPTIONS:-}"
+export ASAN_OPTIONS="halt_on_error=1 detect_leaks=0 ${ASAN_OPTIONS:-}"
+failed=()
+for sanitizer in "${sanitizers[@]}"; do
+  build="build-tsan"
+  [ "$sanitizer" = address ] && build="build-asan"
+  start=$(date +%s)
+  mkdir -p "$build"
+  {
+    CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DULYSSES_CUDA=OFF -DULYSSES_SANITIZE="$sanitizer" &&
+      cmake --build "$build" --target "${tests[@]}" -j"${SANITIZE_BUILD_JOBS:-$(nproc)}"
+  } >"$build/sanitize-build.log" 2>&1 || {
+    tail -n 40 "$build/sanitize-build.log" >&2
+    echo "sanitize: configuring or building $build failed (log: $build/sanitize-build.log)" >&2
+    exit 2
+  }
+  echo "sanitize ($sanitizer): built ${tests[*]} in $(($(date +%s) - start)) s"
+  for test in "${tests[@]}"; do
+    filter="*"
+    [ "$test" = test_backend_ops ] && filter="*cuda_kernels_on_host*"
+    log="$build/$test.log"
+    begin=$(date +%s)
+    if "$build/tests/$test" --gtest_filter="$filter" >"$log" 2>&1; then
+      echo "sanitize ($sanitizer): $test passed in $(($(date +%s) - begin)) s"
+    else
+      grep -m 3 -E "WARNING: ThreadSanitizer|ERROR: AddressSanitizer|SUMMARY|FAILED" "$log" >&2 || true
+      echo "sanitize ($sanitizer): $test failed (log: $log)" >&2
+      failed+=("$sanitizer: $test")
+    fi
+  done
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'sanitize: failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
