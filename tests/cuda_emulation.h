@@ -57,8 +57,7 @@ namespace emulation {
 // instructions (see "Shared-memory hazards" below). Epochs count a thread's __syncthreads.
 struct SharedPiece {
   static constexpr unsigned kNobody = ~0u, kSeveral = ~0u - 1, kNotYet = ~0u;
-  unsigned writer = kNobody;
-  unsigned write_epoch = 0;    // when the cp.async was issued
+  unsigned writer = kNobody;   // the thread whose cp.async wrote it last
   unsigned visible_epoch = 0;  // from when other threads may read it (kNotYet: in flight)
   unsigned reader = kNobody;   // a thread, or kSeveral
   unsigned read_epoch = kNotYet;
@@ -233,7 +232,7 @@ inline void note_async_write(const void* address) {
   if (piece.writer != SharedPiece::kNobody && piece.writer != self && epoch < piece.visible_epoch)
     fail_hazard("cp.async writes shared memory that another thread's cp.async still writes",
                 piece.writer);
-  piece = {self, epoch, SharedPiece::kNotYet, SharedPiece::kNobody, SharedPiece::kNotYet};
+  piece = {self, SharedPiece::kNotYet, SharedPiece::kNobody, SharedPiece::kNotYet};
 }
 
 inline void note_async_landed(const void* address) {
