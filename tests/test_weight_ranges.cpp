@@ -216,7 +216,8 @@ TEST(InitialWeights, TakeGlibcsFunctionsWhereAnApproximationWouldRoundOtherwise)
   model.vocab_size = 200000;  // an embedding of 409.6M elements, N(0, 0.02)
   const ParamTable table(model);
   const std::pair<int64_t, uint32_t> cases[] = {{327505975, 0xbc53046eu}, {396153433, 0xbbd7f058u}};
-  for (const auto& [element, glibc_bits] : cases) {
+  for (const auto& [case_element, glibc_bits] : cases) {
+    const int64_t element = case_element;  // clang 14 cannot capture a structured binding
     ASSERT_LT(element, table.find(ParamRole::token_embedding).numel);
     const uint32_t glibc = bits_of(float(counter_normal(1, element) * 0.02));
     EXPECT_EQ(glibc, glibc_bits) << "element " << element;
