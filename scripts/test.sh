@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (unit, multi-rank under mpirun, PyTorch reference,
 # the fault suite and bad-input corpus), the fuzzers and the host-run CUDA kernels under
-# clang's sanitizers. ctest runs tests on every core; the
-# ones that start several ranks are RUN_SERIAL (tests/CMakeLists.txt), so no two of them share
-# the cores.
+# clang's sanitizers. ctest runs tests on every core; the ones that start several ranks are
+# RUN_SERIAL (tests/CMakeLists.txt), so no two of them share the cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --all "$@"
