@@ -19,10 +19,12 @@
 //   cuda_attention_mma.cuh   stream_key_tiles (forward and dQ) without its cp_async_wait<1>
 //                            (a missing cp.async.wait_group): every TensorCores case,
 //                            Interface
-//   cuda_attention_mma.cuh   a loop without its last __syncthreads (forward, dQ or dK/dV), or
-//                            stream_key_tiles without its own: every TensorCores case, stopped
-//                            by the emulation's hazard checks (test_cuda_emulation_hazards.cpp;
-//                            before them, the forward's passed)
+//   cuda_attention_mma.cuh   a loop without its last __syncthreads: forward or dQ, the cases
+//                            with three key tiles or more (T 130 d 64, T 200 d 128); dK/dV,
+//                            four TensorCores cases and Interface; stream_key_tiles without
+//                            its own: every TensorCores case, Interface. Stopped by the
+//                            emulation's hazard checks (test_cuda_emulation_hazards.cpp);
+//                            before them, dropping the forward's passed
 //   cuda_attention_mask.cuh  an unmasked causal tile: tiles_fully_visible taking k_first <=
 //                            q_first for k_last <= q_first (the diagonal tile counted wholly
 //                            visible): every TensorCores case, Interface

@@ -8,11 +8,14 @@
 // kernel should and once with one step left out; the second must end the kernel, naming the
 // hazard, in whatever order the threads run.
 //
-// In the attention kernels (kernels/cuda/cuda_attention_mma.cuh) these checks fail every
-// TensorCores case of test_cuda_attention_emulated when (each tried, then reverted):
-//   the forward's, dQ's or dK/dV's loop drops its last __syncthreads (write after read);
-//   stream_key_tiles drops its __syncthreads (read after write);
-//   the dK/dV loop drops its cp_async_wait<1>, or stream_key_tiles waits with <2>.
+// In the attention kernels (kernels/cuda/cuda_attention_mma.cuh) these checks fail cases of
+// test_cuda_attention_emulated (TensorCores/, and EitherForwardFeedsEitherBackward) when
+// (each tried, then reverted):
+//   the forward's or dQ's loop drops its last __syncthreads (write after read): the two cases
+//   with three key tiles or more (T 130 d 64, T 200 d 128), the first whose buffer is refilled;
+//   the dK/dV loop drops its last __syncthreads: four of the seven cases and Interface;
+//   stream_key_tiles drops its __syncthreads (read after write), the dK/dV loop drops its
+//   cp_async_wait<1>, or stream_key_tiles waits with <2>: every case and Interface.
 #include <gtest/gtest.h>
 
 #include <cstdint>
