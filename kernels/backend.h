@@ -123,6 +123,15 @@ class Backend {
     ::operator delete(pointer, std::align_val_t(64));
   }
 
+  // ---- memory the machine has (docs/memory.md, "Memory the machine has") ---------------
+  struct AvailableMemory {
+    int64_t bytes = 0;            // what the backend's tensors could still take; 0: not known
+    bool shared_by_node = false;  // host memory, which every rank of the node draws on
+    std::string source;           // where the number comes from, for messages
+  };
+  // As the system reports it now; the planning and emulated backends know none.
+  virtual AvailableMemory available_memory() const { return {}; }
+
   // ---- offloaded layer inputs (memory.offload_checkpoints, docs/memory.md) -------------
   // Whether host memory is apart from the backend's (cuda): only then do offloaded layer
   // inputs move out and back. Buffers of category checkpoints_host are host staging memory.

@@ -262,7 +262,10 @@ const std::vector<Field>& fields() {
        "auto"},
       {ULYSSES_KEY(memory.limit_gib), zero_or(between(kSmallestLimitGib, kLargestLimitGib)), "",
        "cap on tracked memory per rank: an allocation past it fails with an out-of-memory error "
-       "listing the bytes held by category; 0 = unlimited"},
+       "listing the bytes held by category; 0 = no cap of your own: a run then checks every "
+       "stage's planned step peak against the memory the machine has before it builds the "
+       "model (host memory split among the node's ranks; on cuda the GPU's free memory, which "
+       "is also the cap) (docs/memory.md)"},
 
       {ULYSSES_KEY(kernels.attention),
        {},

@@ -81,6 +81,22 @@ double seconds_since_launch() {
   return up - double(ticks) / double(sysconf(_SC_CLK_TCK));
 }
 
+// "ulysses-train plan --config FILE" with the job's --set overrides, quoted for a shell.
+std::string plan_command(const JobOptions& options) {
+  auto quoted = [](const std::string& word) {
+    if (word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                               "_-./=:,@+") == std::string::npos)
+      return word;
+    std::string text = "'";
+    for (char c : word) text += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return text + "'";
+  };
+  std::string command = "ulysses-train plan --config " + quoted(options.config_path);
+  for (const std::string& override_text : options.overrides)
+    command += " --set " + quoted(override_text);
+  return command;
+}
+
 }  // namespace
 
 void run_job(const JobOptions& options, Comm& world) {
@@ -114,6 +130,8 @@ void run_job(const JobOptions& options, Comm& world) {
   // Before the checkpoint folder is touched: a run that cannot go far leaves it as it was.
   check_run_files(world, config);
   check_stages_fit(world, config, omp_get_max_threads());
+  check_plan_fits_machine(world, config, plan_command(options), omp_get_max_threads(),
+                          rank_memory(world, *job.backend));
   recover_checkpoint_dir(world, config.train.checkpoint.dir);
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)

@@ -1,6 +1,8 @@
 #include "core/jobs/start_checks.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 #include "data/input_file.h"
 #include "data/token_stream.h"
 #include "parallel/agreement.h"
+#include "parallel/mpi_comm.h"
 
 namespace ulysses {
 
@@ -75,6 +78,64 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads) {
       break;
     }
   }
+  agree_on_failure(world, error, ExitCode::runtime);
+}
+
+RankMemory rank_memory(Comm& world, const Backend& backend) {
+  const int ranks_here = std::max(1, ranks_on_this_node(world));
+  const Backend::AvailableMemory available = backend.available_memory();
+  RankMemory memory;
+  memory.source = available.source;
+  const int gpus_here = std::max(1, cuda_devices_visible());
+  memory.sharing_ranks =
+      available.shared_by_node ? ranks_here : (ranks_here + gpus_here - 1) / gpus_here;
+  if (available.bytes > 0)
+    memory.bytes = available.bytes / memory.sharing_ranks + backend.memory().stats().total_current;
+  return memory;
+}
+
+std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
+                                const Config& config, int world_size,
+                                const std::string& plan_command) {
+  if (memory.bytes <= 0) return "";
+  for (const StagePlan& plan : stages) {
+    if (plan.device_peak <= memory.bytes) continue;
+    const std::string shape = std::to_string(plan.stage.seq_len) + " tokens x batch " +
+                              std::to_string(plan.stage.batch_size) +
+                              (stages.size() > 1 ? " (the train.seq_len_schedule stage " +
+                                                       std::to_string(plan.stage.seq_len) + "x" +
+                                                       std::to_string(plan.stage.batch_size) + "@" +
+                                                       std::to_string(plan.stage.first_step) + ")"
+                                                 : "");
+    const std::string sharing =
+        memory.sharing_ranks > 1
+            ? ", split among the " + std::to_string(memory.sharing_ranks) + " ranks that share it"
+            : "";
+    char budget_gib[32];
+    std::snprintf(budget_gib, sizeof budget_gib, "%.2f",
+                  double(memory.bytes) / (1024.0 * 1024.0 * 1024.0));
+    std::string command = plan_command;
+    if (plan.stage.batch_size != config.train.batch_size)
+      command += " --set train.batch_size=" + std::to_string(plan.stage.batch_size);
+    command += " --seq " + std::to_string(plan.stage.seq_len) + " --sp " +
+               std::to_string(config.parallel.sp) + " --world " + std::to_string(world_size) +
+               " --device-gib " + budget_gib;
+    return "the memory plan needs " + format_bytes(plan.device_peak) +
+           " per rank at the step peak of " + shape + ", more than the " +
+           format_bytes(memory.bytes) + " this rank can have (" + memory.source + sharing +
+           "): the run would run out of memory within its first step at that length. `" + command +
+           "` lists the memory options that fit (docs/memory.md, \"The planner\"); with "
+           "memory.limit_gib set, the run is checked against that budget instead";
+  }
+  return "";
+}
+
+void check_plan_fits_machine(Comm& world, const Config& config, const std::string& plan_command,
+                             int cpu_threads, const RankMemory& memory) {
+  std::string error;
+  if (memory_limit_bytes(config) == 0 && memory.bytes > 0)
+    error = machine_fit_problem(plan_stages(config, world.size(), cpu_threads), memory, config,
+                                world.size(), plan_command);
   agree_on_failure(world, error, ExitCode::runtime);
 }
 

@@ -1,10 +1,17 @@
 // What a training run checks before it builds the model (docs/failures.md, "Bad input"): the
-// files it writes or reads only later (log.metrics_file, log.trace_file, data.val_path), and
-// each stage of a curriculum against memory.limit_gib. Without these, a run trained and then
-// failed at the first log line, after the last step, or at a stage change.
+// files it writes or reads only later (log.metrics_file, log.trace_file, data.val_path), each
+// stage of a curriculum against memory.limit_gib, and without a limit every stage against the
+// memory the machine has. Without these, a run trained and then failed at the first log line,
+// after the last step, at a stage change, or was killed for lack of memory within a step.
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "core/config/config.h"
+#include "core/plan/memory_plan.h"
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 
 namespace ulysses {
@@ -20,5 +27,32 @@ void check_run_files(Comm& world, const Config& config);
 // every rank throws JobError(runtime): the status of an allocation past the limit, reached
 // before the first step instead of at the stage change.
 void check_stages_fit(Comm& world, const Config& config, int cpu_threads);
+
+// The memory a rank can have: what the backend reports as available, divided among the ranks
+// that share it (docs/memory.md, "Memory the machine has").
+struct RankMemory {
+  int64_t bytes = 0;  // 0: not known, nothing is checked
+  std::string source;
+  int sharing_ranks = 1;
+};
+
+// Collective: memory for this rank on its node (ranks_on_this_node shares host memory among
+// all of them, a GPU's among the ranks on it), with the tracked bytes the backend holds
+// already, which the plan counts too.
+RankMemory rank_memory(Comm& world, const Backend& backend);
+
+// Why the stages of config on world_size ranks do not fit the rank's memory, or "" when every
+// planned step peak does. plan_command ("ulysses-train plan --config FILE" with the job's
+// --set overrides) starts the command the message suggests.
+std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
+                                const Config& config, int world_size,
+                                const std::string& plan_command);
+
+// Collective: without memory.limit_gib, every stage's planned step peak (as check_stages_fit
+// plans them) fits memory, else every rank throws JobError(runtime) before the model is built.
+// Past that memory a cpu run is killed by the system partway through a step, with no message,
+// however long it took to get there; a cuda run fails its allocation there.
+void check_plan_fits_machine(Comm& world, const Config& config, const std::string& plan_command,
+                             int cpu_threads, const RankMemory& memory);
 
 }  // namespace ulysses

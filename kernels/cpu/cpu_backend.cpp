@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/portable_gemm.h"
 #include "kernels/op_formulas.h"
 
@@ -41,6 +42,10 @@ std::string CpuBackend::setup_note() const {
   // the GEMMs' last bits follow them (docs/performance.md, "Threads").
   return std::string("GEMMs on OpenBLAS's ") + openblas_get_corename() + " kernels" +
          (std::getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
+}
+
+Backend::AvailableMemory CpuBackend::available_memory() const {
+  return {host_available_bytes(), true, "host memory: MemAvailable, or a memory cgroup's room"};
 }
 
 void* CpuBackend::raw_alloc(size_t bytes) {

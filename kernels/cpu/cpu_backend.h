@@ -43,6 +43,7 @@ class CpuBackend final : public Backend {
   // on a pool of its own that contends with them (docs/performance.md, "Threads").
   static bool blas_uses_openmp();
   std::string setup_warning() const override;
+  AvailableMemory available_memory() const override;
   std::string setup_note() const override;
 
   void* raw_alloc(size_t bytes) override;

@@ -93,6 +93,14 @@ int64_t cuda_cudnn_version() {
 #endif
 }
 
+Backend::AvailableMemory CudaBackend::available_memory() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return {};
+  return {std::max<int64_t>(int64_t(free_bytes) - kUntrackedReserveBytes, 0), false,
+          "the GPU's free memory less " + format_bytes(kUntrackedReserveBytes) +
+              " kept for the CUDA libraries"};
+}
+
 CudaBackend::CudaBackend(int device, int64_t memory_limit_bytes, AttentionKernel attention)
     : Backend(memory_limit_bytes), device_(device) {
 #ifndef ULYSSES_WITH_CUDNN

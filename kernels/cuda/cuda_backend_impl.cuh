@@ -47,6 +47,7 @@ class CudaBackend final : public Backend {
 
   // Offloaded layer inputs move between the device and pinned host memory on a side stream.
   bool host_memory_is_separate() const override { return true; }
+  AvailableMemory available_memory() const override;
   int64_t transfer(const Tensor& dst, const Tensor& src) override;
   void wait_transfer(int64_t ticket) override;
   // The weights at startup: copies from pinned staging memory on the compute stream, each

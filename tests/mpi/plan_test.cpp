@@ -5,7 +5,8 @@
 // run does not allocate, fails here.
 //
 // One job of W ranks covers sp 1, 2 and 4 wherever sp divides W (ZeRO then shards over the
-// whole world, as in a run). Registered for 2 and 4 ranks.
+// whole world, as in a run). Registered for 2 and 4 ranks. Also here: the memory a run
+// checks its plan against, the node's split among its ranks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,9 +14,11 @@
 #include <string>
 
 #include "core/config/config.h"
+#include "core/jobs/start_checks.h"
 #include "core/plan/memory_plan.h"
 #include "core/train/trainer.h"
 #include "kernels/backend.h"
+#include "kernels/planning_backend.h"
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_testing.h"
 
@@ -102,6 +105,49 @@ TEST_F(PlanAgainstRuns, PeakOfEveryCategoryWithinFivePercent) {
         << describe(point) << ": device total on rank " << world().rank();
   }
   EXPECT_GE(planned, 5);
+}
+
+// A backend that computes nothing and reports a fixed amount of available memory, shared by
+// the node's ranks (host memory) or not (a GPU's).
+class FixedMemoryBackend final : public ComputeFreeBackend {
+ public:
+  FixedMemoryBackend(int64_t bytes, bool shared_by_node)
+      : ComputeFreeBackend(0), bytes_(bytes), shared_by_node_(shared_by_node) {}
+  std::string name() const override { return "fixed memory"; }
+  BackendKind kind() const override { return BackendKind::cpu; }
+  DType compute_dtype() const override { return DType::f32; }
+  void set_num_threads(int) override {}
+  void* raw_alloc(size_t bytes) override { return ::operator new(bytes == 0 ? 1 : bytes); }
+  void raw_free(void* pointer) override { ::operator delete(pointer); }
+  void synchronize() override {}
+  AvailableMemory available_memory() const override { return {bytes_, shared_by_node_, "fixed"}; }
+
+ private:
+  int64_t bytes_;
+  bool shared_by_node_;
+};
+
+// What a run checks its plan against (docs/memory.md, "Memory the machine has"): host memory
+// split among the node's ranks (every rank of these tests is on one node), a GPU's among the
+// ranks on it, each with the tracked bytes the backend holds already, which the plan counts.
+TEST_F(PlanAgainstRuns, EachRankGetsItsShareOfTheMemoryItDrawsOn) {
+  const int64_t available = int64_t(12) << 30;
+  const int ranks = world().size();
+  const int gpus = std::max(1, cuda_devices_visible());
+  const int on_each_gpu = (ranks + gpus - 1) / gpus;
+  for (const bool host : {true, false}) {
+    SCOPED_TRACE(host ? "host memory" : "a GPU's memory");
+    FixedMemoryBackend backend(available, host);
+    const Buffer held = backend.alloc(MemCategory::params, DType::f32, {1 << 20}, "held");
+    const RankMemory memory = rank_memory(world(), backend);
+    const int sharing = host ? ranks : on_each_gpu;
+    EXPECT_EQ(memory.sharing_ranks, sharing);
+    EXPECT_EQ(memory.bytes, available / sharing + int64_t(held.tensor().bytes()));
+    EXPECT_EQ(memory.source, "fixed");
+  }
+  // The planning and emulated backends know no memory: nothing is checked.
+  FixedMemoryBackend unknown(0, true);
+  EXPECT_EQ(rank_memory(world(), unknown).bytes, 0);
 }
 
 }  // namespace

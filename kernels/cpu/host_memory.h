@@ -1,0 +1,23 @@
+// The host memory this process could still take, as the system reports it: what a run on the
+// cpu backend checks its memory plan against before it builds the model (docs/memory.md,
+// "Memory the machine has").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ulysses {
+
+// MemAvailable of /proc/meminfo's text, in bytes; -1 when the line is missing.
+int64_t meminfo_available_bytes(const std::string& meminfo);
+
+// What a memory cgroup's limit leaves, in bytes: max − current from the texts of its limit
+// file ("max" or bytes: cgroup v2's memory.max, v1's memory.limit_in_bytes) and its usage
+// file; -1 when there is no limit (also v1's "unlimited" of 2^63 rounded down to a page).
+int64_t cgroup_room_bytes(const std::string& limit, const std::string& usage);
+
+// The smaller of MemAvailable and the room this process's memory cgroup leaves (v2 or v1);
+// 0 when none of them can be read.
+int64_t host_available_bytes();
+
+}  // namespace ulysses
