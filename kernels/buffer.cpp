@@ -2,6 +2,7 @@
 // the backend (or only planned). Apart from tensor.cpp so that code that only reads tensor
 // views (the parsers of tests/fuzz) links without a backend.
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "kernels/backend.h"
@@ -39,6 +40,13 @@ Buffer::Buffer(Backend* backend, MemCategory category, DType dtype,
     if (zeroed) view_.data = backend_->raw_alloc_zeroed(bytes);
     if (view_.data) return;
     view_.data = backend_->raw_alloc(bytes);
+  } catch (const OutOfMemoryError& error) {
+    // The backend knows only the size; the message also names the buffer and what is held,
+    // as an allocation past memory.limit_gib does.
+    backend_->memory().release(category_, int64_t(bytes));
+    throw OutOfMemoryError(std::string(error.what()) + " for " + what + " (" +
+                           mem_category_name(category_) +
+                           "); held: " + backend_->memory().describe_current());
   } catch (...) {
     backend_->memory().release(category_, int64_t(bytes));
     throw;
