@@ -103,7 +103,6 @@ const CudaBackend::GemmPlan& CudaBackend::gemm_plan(const GemmKey& key) {
 
 void CudaBackend::gemm_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                             const Tensor& c, float alpha, float beta) {
-  const char* op = "gemm";
   const int64_t m = c.shape[0], n = c.shape[1];
   const int64_t k = trans_a ? a.shape[0] : a.shape[1];
   if (m == 0 || n == 0) return;
