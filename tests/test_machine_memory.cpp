@@ -27,13 +27,22 @@ TEST(HostMemory, MemAvailableIsReadFromMeminfoInBytes) {
   EXPECT_EQ(meminfo_available_bytes(""), -1);
 }
 
-TEST(HostMemory, CgroupRoomIsItsLimitLessItsUse) {
-  EXPECT_EQ(cgroup_room_bytes("8589934592\n", "2147483648\n"), 6 * kGiB);  // v2 or v1
-  EXPECT_EQ(cgroup_room_bytes("1073741824\n", "2147483648\n"), 0);         // over: no room
-  EXPECT_EQ(cgroup_room_bytes("max\n", "2147483648\n"), -1);               // v2, no limit
-  EXPECT_EQ(cgroup_room_bytes("9223372036854771712\n", "1\n"), -1);        // v1, no limit
-  EXPECT_EQ(cgroup_room_bytes("", ""), -1);                                // no such group
-  EXPECT_EQ(cgroup_room_bytes("8589934592\n", ""), -1);
+TEST(HostMemory, CgroupRoomIsItsLimitLessItsWorkingSet) {
+  EXPECT_EQ(cgroup_room_bytes("8589934592\n", "2147483648\n", ""), 6 * kGiB);  // v2 or v1
+  EXPECT_EQ(cgroup_room_bytes("1073741824\n", "2147483648\n", ""), 0);         // over: no room
+  EXPECT_EQ(cgroup_room_bytes("max\n", "2147483648\n", ""), -1);               // v2, no limit
+  EXPECT_EQ(cgroup_room_bytes("9223372036854771712\n", "1\n", ""), -1);        // v1, no limit
+  EXPECT_EQ(cgroup_room_bytes("", "", ""), -1);                                // no such group
+  EXPECT_EQ(cgroup_room_bytes("8589934592\n", "", ""), -1);
+  // Inactive page cache counts in the usage but is given back first: 6 GiB used of which
+  // 3 GiB inactive cache leaves 5 GiB of 8 (v2's key, then v1's among its others).
+  const std::string v2_stat =
+      "anon 2147483648\nfile 4294967296\nactive_file 1073741824\n"
+      "inactive_file 3221225472\nslab 1\n";
+  EXPECT_EQ(cgroup_room_bytes("8589934592\n", "6442450944\n", v2_stat), 5 * kGiB);
+  // v1 lists the group's own count and its subtree's; the usage is the subtree's, in any order.
+  const std::string v1_stat = "cache 4294967296\ntotal_inactive_file 3221225472\ninactive_file 1\n";
+  EXPECT_EQ(cgroup_room_bytes("8589934592\n", "6442450944\n", v1_stat), 5 * kGiB);
 }
 
 TEST(HostMemory, ThisMachineHasSomeAndNoMoreThanItsTotal) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
-#include <utility>
 
 namespace ulysses {
 
@@ -49,14 +48,27 @@ int64_t meminfo_available_bytes(const std::string& meminfo) {
   return -1;
 }
 
-int64_t cgroup_room_bytes(const std::string& limit, const std::string& usage) {
+int64_t cgroup_room_bytes(const std::string& limit, const std::string& usage,
+                          const std::string& stat) {
   long long max_bytes = 0, used_bytes = 0;
   std::istringstream limit_text(limit), usage_text(usage);
   if (!(limit_text >> max_bytes) || !(usage_text >> used_bytes)) return -1;  // "max", unreadable
   // cgroup v1 writes "no limit" as the largest page multiple below 2^63.
   constexpr long long kUnlimited = 1LL << 62;
   if (max_bytes >= kUnlimited) return -1;
-  return std::max<int64_t>(0, int64_t(max_bytes) - int64_t(used_bytes));
+  // The usage counts the page cache; its inactive part goes first when the group needs room.
+  // v1's usage is the whole subtree's, as its "total_" counts; v2 has only the plain one.
+  long long inactive = 0, subtree_inactive = -1;
+  std::istringstream lines(stat);
+  for (std::string key; lines >> key;) {
+    long long value = 0;
+    if (!(lines >> value)) break;
+    if (key == "inactive_file") inactive = value;
+    if (key == "total_inactive_file") subtree_inactive = value;
+  }
+  const long long reclaimable = subtree_inactive >= 0 ? subtree_inactive : inactive;
+  const int64_t working_set = std::max<int64_t>(0, int64_t(used_bytes) - int64_t(reclaimable));
+  return std::max<int64_t>(0, int64_t(max_bytes) - working_set);
 }
 
 int64_t host_available_bytes() {
@@ -65,13 +77,16 @@ int64_t host_available_bytes() {
   // /proc/self/cgroup names: both places are read, and the tightest limit counts.
   const CgroupPaths paths = cgroup_paths();
   const std::string v2 = "/sys/fs/cgroup", v1 = "/sys/fs/cgroup/memory";
-  const std::pair<std::string, std::string> limits[] = {
-      {v2 + paths.unified + "/memory.max", v2 + paths.unified + "/memory.current"},
-      {v2 + "/memory.max", v2 + "/memory.current"},
-      {v1 + paths.memory + "/memory.limit_in_bytes", v1 + paths.memory + "/memory.usage_in_bytes"},
-      {v1 + "/memory.limit_in_bytes", v1 + "/memory.usage_in_bytes"}};
-  for (const auto& [limit, usage] : limits) {
-    const int64_t room = cgroup_room_bytes(read_text(limit), read_text(usage));
+  // Each group's limit, usage and statistics (v2: memory.max, .current, .stat; v1:
+  // memory.limit_in_bytes, .usage_in_bytes, .stat).
+  const std::string groups[] = {v2 + paths.unified, v2, v1 + paths.memory, v1};
+  for (int i = 0; i < 4; ++i) {
+    const std::string& group = groups[i];
+    const bool unified = i < 2;
+    const int64_t room = cgroup_room_bytes(
+        read_text(group + (unified ? "/memory.max" : "/memory.limit_in_bytes")),
+        read_text(group + (unified ? "/memory.current" : "/memory.usage_in_bytes")),
+        read_text(group + "/memory.stat"));
     if (room >= 0) available = available < 0 ? room : std::min(available, room);
   }
   return std::max<int64_t>(0, available);
