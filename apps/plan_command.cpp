@@ -12,6 +12,7 @@
 #include "core/jobs/job_errors.h"
 #include "core/plan/plan_report.h"
 #include "core/plan/plan_search.h"
+#include "kernels/cpu/host_memory.h"
 
 namespace ulysses {
 
@@ -108,9 +109,18 @@ int run_plan_command(int argc, char** argv) {
     if (sp_values.empty()) sp_values.push_back(base.parallel.sp);
     target.world_size = world > 0 ? world : *std::max_element(sp_values.begin(), sp_values.end());
     const double gib = device_gib > 0 ? device_gib : base.memory.limit_gib;
-    if (gib <= 0)
-      throw CLI::ValidationError("--device-gib",
-                                 "no budget: give --device-gib or set memory.limit_gib");
+    if (gib <= 0) {
+      // A hint for a cpu run on this machine: what a run without a limit is checked against.
+      const int64_t here = host_available_bytes();
+      char hint[96] = "";
+      if (base.device == BackendKind::cpu && here > 0)
+        std::snprintf(hint, sizeof hint,
+                      " (this machine has %.2f GiB available, for all its ranks)",
+                      double(here) / (1024.0 * 1024.0 * 1024.0));
+      throw CLI::ValidationError(
+          "--device-gib",
+          std::string("no budget: give --device-gib or set memory.limit_gib") + hint);
+    }
     target.budget_bytes = int64_t(gib * 1024.0 * 1024.0 * 1024.0);
     if (longest) {
       print_longest_fits(std::cout, target, sp_values, granule);
