@@ -10,7 +10,8 @@
 #            host buffer here.
 # Each builds build-tsan/ or build-asan/ (clang, the tests' code instrumented, no CUDA) and runs
 # the emulated attention kernels, the emulation's hazard checks and the op table's column of
-# every kernel on the host. Exits 1 on a report or a failed test.
+# every kernel on the host; address also runs the emulated training steps (every kernel at a
+# model's shapes: 34 s here, too slow under thread). Exits 1 on a report or a failed test.
 #
 # Usage: scripts/sanitize.sh [thread] [address]     (default: both)
 # Environment: SANITIZE_BUILD_JOBS (default: nproc).
@@ -29,7 +30,7 @@ if ! command -v clang++ >/dev/null; then
   echo "sanitize: clang++ not found; run scripts/setup.sh --all (it installs clang)" >&2
   exit 2
 fi
-tests=(test_cuda_attention_emulated test_cuda_emulation_hazards test_backend_ops)
+kernel_tests=(test_cuda_attention_emulated test_cuda_emulation_hazards test_backend_ops)
 # One OpenMP and one OpenBLAS thread: their pools are not instrumented (the libraries are not,
 # tests/CMakeLists.txt), and the emulation's threads are the ones to check.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -38,7 +39,11 @@ export ASAN_OPTIONS="halt_on_error=1 detect_leaks=0 ${ASAN_OPTIONS:-}"
 failed=()
 for sanitizer in "${sanitizers[@]}"; do
   build="build-tsan"
-  [ "$sanitizer" = address ] && build="build-asan"
+  tests=("${kernel_tests[@]}")
+  if [ "$sanitizer" = address ]; then
+    build="build-asan"
+    tests+=(test_emulated_cuda_training)
+  fi
   start=$(date +%s)
   mkdir -p "$build"
   {
