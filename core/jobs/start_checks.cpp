@@ -1,5 +1,7 @@
 #include "core/jobs/start_checks.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -133,9 +135,17 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
 void check_plan_fits_machine(Comm& world, const Config& config, const std::string& plan_command,
                              int cpu_threads, const RankMemory& memory) {
   std::string error;
-  if (memory_limit_bytes(config) == 0 && memory.bytes > 0)
-    error = machine_fit_problem(plan_stages(config, world.size(), cpu_threads), memory, config,
-                                world.size(), plan_command);
+  if (memory_limit_bytes(config) == 0 && memory.bytes > 0) {
+    const std::vector<StagePlan> stages = plan_stages(config, world.size(), cpu_threads);
+    error = machine_fit_problem(stages, memory, config, world.size(), plan_command);
+    int64_t peak = 0;
+    for (const StagePlan& stage : stages) peak = std::max(peak, stage.device_peak);
+    if (error.empty() && world.rank() == 0)
+      spdlog::info(
+          "memory: planned step peak {} per rank, {:.1f}% of the {} this rank can have ({})",
+          format_bytes(peak), 100.0 * double(peak) / double(memory.bytes),
+          format_bytes(memory.bytes), memory.source);
+  }
   agree_on_failure(world, error, ExitCode::runtime);
 }
 
