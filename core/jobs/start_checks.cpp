@@ -88,9 +88,11 @@ RankMemory rank_memory(Comm& world, const Backend& backend) {
   const Backend::AvailableMemory available = backend.available_memory();
   RankMemory memory;
   memory.source = available.source;
-  const int gpus_here = std::max(1, cuda_devices_visible());
-  memory.sharing_ranks =
-      available.shared_by_node ? ranks_here : (ranks_here + gpus_here - 1) / gpus_here;
+  memory.sharing_ranks = ranks_here;
+  if (!available.shared_by_node) {  // asked only here: it starts the CUDA runtime
+    const int gpus_here = std::max(1, cuda_devices_visible());
+    memory.sharing_ranks = (ranks_here + gpus_here - 1) / gpus_here;
+  }
   if (available.bytes > 0)
     memory.bytes = available.bytes / memory.sharing_ranks + backend.memory().stats().total_current;
   return memory;
