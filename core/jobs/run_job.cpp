@@ -129,9 +129,8 @@ void run_job(const JobOptions& options, Comm& world) {
   if (world.rank() == 0 && !setup_warning.empty()) spdlog::warn("{}", setup_warning);
   // Before the checkpoint folder is touched: a run that cannot go far leaves it as it was.
   check_run_files(world, config);
-  check_stages_fit(world, config, omp_get_max_threads());
-  check_plan_fits_machine(world, config, plan_command(options), omp_get_max_threads(),
-                          rank_memory(world, *job.backend));
+  check_stages_fit(world, config, omp_get_max_threads(), plan_command(options),
+                   rank_memory(world, *job.backend));
   recover_checkpoint_dir(world, config.train.checkpoint.dir);
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)

@@ -56,31 +56,32 @@ std::string val_path_problem(const DataConfig& data) {
   return "";
 }
 
+// A curriculum stage as the config writes it: "seq_len x batch @ step", e.g. 65536x1@1.
+std::string stage_name(const SeqLenStage& stage) {
+  return std::to_string(stage.seq_len) + "x" + std::to_string(stage.batch_size) + "@" +
+         std::to_string(stage.first_step);
+}
+
+// Why a curriculum stage does not fit memory.limit_gib (limit bytes), or "".
+std::string limit_problem(const std::vector<StagePlan>& stages, int64_t limit) {
+  for (const StagePlan& plan : stages) {
+    if (plan.device_peak <= limit) continue;
+    return "train.seq_len_schedule: the stage " + stage_name(plan.stage) +
+           " (seq_len x batch @ step) would need " + format_bytes(plan.device_peak) +
+           " per rank at its step peak, above memory.limit_gib (" + format_bytes(limit) +
+           "); planned before the first step (docs/memory.md, \"The planner\"): shorten or "
+           "split that stage, lower its batch, or take the memory options `ulysses-train "
+           "plan` suggests";
+  }
+  return "";
+}
+
 }  // namespace
 
 void check_run_files(Comm& world, const Config& config) {
   agree_on_failure(world, world.rank() == 0 ? outputs_problem(config.log) : "",
                    ExitCode::bad_input);
   agree_on_failure(world, val_path_problem(config.data), ExitCode::bad_input);
-}
-
-void check_stages_fit(Comm& world, const Config& config, int cpu_threads) {
-  const int64_t limit = memory_limit_bytes(config);
-  std::string error;
-  if (world.rank() == 0 && limit > 0 && !config.train.seq_len_schedule.empty()) {
-    for (const StagePlan& plan : plan_stages(config, world.size(), cpu_threads)) {
-      if (plan.device_peak <= limit) continue;
-      error = "train.seq_len_schedule: the stage " + std::to_string(plan.stage.seq_len) + "x" +
-              std::to_string(plan.stage.batch_size) + "@" + std::to_string(plan.stage.first_step) +
-              " (seq_len x batch @ step) would need " + format_bytes(plan.device_peak) +
-              " per rank at its step peak, above memory.limit_gib (" + format_bytes(limit) +
-              "); planned before the first step (docs/memory.md, \"The planner\"): shorten or "
-              "split that stage, lower its batch, or take the memory options `ulysses-train "
-              "plan` suggests";
-      break;
-    }
-  }
-  agree_on_failure(world, error, ExitCode::runtime);
 }
 
 RankMemory rank_memory(Comm& world, const Backend& backend) {
@@ -104,13 +105,11 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
   if (memory.bytes <= 0) return "";
   for (const StagePlan& plan : stages) {
     if (plan.device_peak <= memory.bytes) continue;
-    const std::string shape = std::to_string(plan.stage.seq_len) + " tokens x batch " +
-                              std::to_string(plan.stage.batch_size) +
-                              (stages.size() > 1 ? " (the train.seq_len_schedule stage " +
-                                                       std::to_string(plan.stage.seq_len) + "x" +
-                                                       std::to_string(plan.stage.batch_size) + "@" +
-                                                       std::to_string(plan.stage.first_step) + ")"
-                                                 : "");
+    const std::string shape =
+        std::to_string(plan.stage.seq_len) + " tokens x batch " +
+        std::to_string(plan.stage.batch_size) +
+        (stages.size() > 1 ? " (the train.seq_len_schedule stage " + stage_name(plan.stage) + ")"
+                           : "");
     const std::string sharing =
         memory.sharing_ranks > 1
             ? ", split among the " + std::to_string(memory.sharing_ranks) + " ranks that share it"
@@ -134,10 +133,14 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
   return "";
 }
 
-void check_plan_fits_machine(Comm& world, const Config& config, const std::string& plan_command,
-                             int cpu_threads, const RankMemory& memory) {
+void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
+                      const std::string& plan_command, const RankMemory& memory) {
+  const int64_t limit = memory_limit_bytes(config);
   std::string error;
-  if (memory_limit_bytes(config) == 0 && memory.bytes > 0) {
+  if (limit > 0) {
+    if (world.rank() == 0 && !config.train.seq_len_schedule.empty())
+      error = limit_problem(plan_stages(config, world.size(), cpu_threads), limit);
+  } else if (memory.bytes > 0) {
     const std::vector<StagePlan> stages = plan_stages(config, world.size(), cpu_threads);
     error = machine_fit_problem(stages, memory, config, world.size(), plan_command);
     int64_t peak = 0;

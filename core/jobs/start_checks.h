@@ -22,12 +22,6 @@ namespace ulysses {
 // together, rank 0 naming the key.
 void check_run_files(Comm& world, const Config& config);
 
-// Collective: with train.seq_len_schedule and memory.limit_gib, every stage's planned step
-// peak (core/plan/memory_plan.h, cpu_threads as the run's backend has them) fits the limit, else
-// every rank throws JobError(runtime): the status of an allocation past the limit, reached
-// before the first step instead of at the stage change.
-void check_stages_fit(Comm& world, const Config& config, int cpu_threads);
-
 // The memory a rank can have: what the backend reports as available, divided among the ranks
 // that share it (docs/memory.md, "Memory the machine has").
 struct RankMemory {
@@ -48,11 +42,15 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
                                 const Config& config, int world_size,
                                 const std::string& plan_command);
 
-// Collective: without memory.limit_gib, every stage's planned step peak (as check_stages_fit
-// plans them) fits memory, else every rank throws JobError(runtime) before the model is built.
-// Past that memory a cpu run is killed by the system partway through a step, with no message,
-// however long it took to get there; a cuda run fails its allocation there.
-void check_plan_fits_machine(Comm& world, const Config& config, const std::string& plan_command,
-                             int cpu_threads, const RankMemory& memory);
+// Collective: every stage's planned step peak (core/plan/memory_plan.h, cpu_threads as the
+// run's backend has them) fits, else every rank throws JobError(runtime) before the model is
+// built. With memory.limit_gib, a curriculum's stages are checked against it: the status of
+// an allocation past the limit, reached before the first step instead of at the stage change.
+// Without it, every stage is checked against memory (0: not known, nothing checked), and a
+// run that fits logs its peak: past that memory a cpu run is killed by the system partway
+// through a step, with no message, however long it took to get there; a cuda run fails its
+// allocation there. plan_command starts the command the message suggests.
+void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
+                      const std::string& plan_command, const RankMemory& memory);
 
 }  // namespace ulysses

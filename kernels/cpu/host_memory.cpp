@@ -77,16 +77,18 @@ int64_t host_available_bytes() {
   // /proc/self/cgroup names: both places are read, and the tightest limit counts.
   const CgroupPaths paths = cgroup_paths();
   const std::string v2 = "/sys/fs/cgroup", v1 = "/sys/fs/cgroup/memory";
-  // Each group's limit, usage and statistics (v2: memory.max, .current, .stat; v1:
-  // memory.limit_in_bytes, .usage_in_bytes, .stat).
-  const std::string groups[] = {v2 + paths.unified, v2, v1 + paths.memory, v1};
-  for (int i = 0; i < 4; ++i) {
-    const std::string& group = groups[i];
-    const bool unified = i < 2;
-    const int64_t room = cgroup_room_bytes(
-        read_text(group + (unified ? "/memory.max" : "/memory.limit_in_bytes")),
-        read_text(group + (unified ? "/memory.current" : "/memory.usage_in_bytes")),
-        read_text(group + "/memory.stat"));
+  struct Group {
+    std::string folder;
+    const char *limit, *usage;
+  };
+  const Group groups[] = {{v2 + paths.unified, "/memory.max", "/memory.current"},
+                          {v2, "/memory.max", "/memory.current"},
+                          {v1 + paths.memory, "/memory.limit_in_bytes", "/memory.usage_in_bytes"},
+                          {v1, "/memory.limit_in_bytes", "/memory.usage_in_bytes"}};
+  for (const Group& group : groups) {
+    const int64_t room = cgroup_room_bytes(read_text(group.folder + group.limit),
+                                           read_text(group.folder + group.usage),
+                                           read_text(group.folder + "/memory.stat"));
     if (room >= 0) available = available < 0 ? room : std::min(available, room);
   }
   return std::max<int64_t>(0, available);
