@@ -70,6 +70,31 @@ TEST_F(EvalCommand, WithoutJsonPrintsLossPerplexityTokensAndAccuracy) {
     EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
 }
 
+// The batch an evaluation too large for the machine is advised to take (core/jobs/start_checks.h):
+// batches of a divisor of train.batch_size, eval_steps scaled up, read the same sequences.
+// Other sequences would count other answers and give another loss; the same ones give the
+// same answers, the loss apart only by the fp32 rounding of another batch shape's GEMMs and
+// the order of its sums (4e-10 relative here; the bound is some 170 units of fp32 rounding;
+// half the sequences give a loss 1% away).
+TEST_F(EvalCommand, SmallerBatchesReadTheSameSequences) {
+  const auto whole = eval("--checkpoint " + dir_.file("ckpt") + " --json");
+  const auto halves = eval("--checkpoint " + dir_.file("ckpt") +
+                           " --json --set train.batch_size=1 --set train.eval_steps=4");
+  const auto others = eval("--checkpoint " + dir_.file("ckpt") +
+                           " --json --set train.batch_size=1 --set train.eval_steps=2");
+  for (const auto* run : {&whole, &halves, &others}) ASSERT_EQ(run->exit_code, 0) << run->output;
+  const nlohmann::json a = testing::last_json_line(whole.output);
+  const nlohmann::json b = testing::last_json_line(halves.output);
+  EXPECT_EQ(b["sequences"], a["sequences"]);
+  EXPECT_EQ(b["tokens"], a["tokens"]);
+  EXPECT_EQ(b["accuracy"], a["accuracy"]);
+  EXPECT_NEAR(b["loss"].get<double>(), a["loss"].get<double>(), 1e-5 * a["loss"].get<double>());
+  // Half the sequences: the check above could tell them apart.
+  EXPECT_GT(std::abs(testing::last_json_line(others.output)["loss"].get<double>() -
+                     a["loss"].get<double>()),
+            1e-3 * a["loss"].get<double>());
+}
+
 TEST_F(EvalCommand, BadArgumentsExitTwoSayingWhy) {
   struct Case {
     std::string arguments, message;

@@ -1,6 +1,6 @@
-// The memory the machine has, and a run's memory plan checked against it before the model is
-// built (docs/memory.md, "Memory the machine has"). The whole run is in tests/bad_inputs
-// (plan_above_machine_memory and the cases after it).
+// The memory the machine has, and a run's memory plan (and eval's, and sample's) checked
+// against it before the model is built (docs/memory.md, "Memory the machine has"). The whole
+// runs are in tests/bad_inputs (plan_above_machine_memory and the cases after it).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -8,9 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "core/config/config.h"
 #include "core/jobs/start_checks.h"
+#include "core/model/model.h"
+#include "core/plan/memory_plan.h"
+#include "core/train/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/host_memory.h"
+#include "parallel/local_comm.h"
 
 namespace ulysses {
 namespace {
@@ -113,6 +118,73 @@ TEST(MachineFit, OneStageOneRankSaysNoScheduleAndNoSharing) {
       << problem;
   EXPECT_EQ(problem.find("train.seq_len_schedule"), std::string::npos) << problem;
   EXPECT_EQ(problem.find("--set train.batch_size"), std::string::npos) << problem;
+}
+
+// `ulysses-train eval` checks its own plan, a forward and the loss (plan_eval_peak), and
+// advises the largest batch dividing train.batch_size that fits: with eval_steps scaled up it
+// reads the same sequences (tests/test_eval.cpp, SmallerBatchesReadTheSameSequences).
+Config eval_config(int batch_size) {
+  return parse_config(
+      "model: {family: llama, n_layers: 2, d_model: 64, n_heads: 8, n_kv_heads: 4, d_ff: 96}\n"
+      "train: {batch_size: " +
+          std::to_string(batch_size) +
+          ", seq_len: 256, eval_steps: 5}\n"
+          "data: {source: synthetic}\n",
+      {}, "eval.yaml");
+}
+
+TEST(EvalFit, AboveTheMemoryNamesTheLargestBatchThatReadsTheSameSequencesAndFits) {
+  const int64_t peak_of_3 = plan_eval_peak(eval_config(3), 1, 1);
+  const int64_t peak_of_6 = plan_eval_peak(eval_config(6), 1, 1);
+  ASSERT_LT(peak_of_3, peak_of_6);
+  EXPECT_EQ(eval_fit_problem(eval_config(6), 1, 1, RankMemory{peak_of_6, "fixed", 1}), "");
+  EXPECT_EQ(eval_fit_problem(eval_config(6), 1, 1, RankMemory{}), "") << "memory not known";
+
+  const RankMemory between{(peak_of_3 + peak_of_6) / 2, "fixed", 2};
+  const std::string problem = eval_fit_problem(eval_config(6), 1, 1, between);
+  for (const std::string& part : std::vector<std::string>{
+           "evaluating needs " + format_bytes(peak_of_6) +
+               " per rank at the peak of a batch of 6 sequences of 256 tokens",
+           "more than the " + format_bytes(between.bytes) +
+               " this rank can have (fixed, split among the 2 ranks that share it)",
+           // 4 and 5 do not divide 6; 3 is the largest that does, in twice the 5 steps.
+           "--set train.batch_size=3 --set train.eval_steps=10 reads the same sequences",
+           format_bytes(peak_of_3) + " planned"})
+    EXPECT_NE(problem.find(part), std::string::npos) << part << "\nnot in: " << problem;
+}
+
+TEST(EvalFit, WhenNotEvenOneSequenceFitsItSaysSo) {
+  const int64_t peak_of_1 = plan_eval_peak(eval_config(1), 1, 1);
+  const std::string problem =
+      eval_fit_problem(eval_config(4), 1, 1, RankMemory{peak_of_1 - 1, "fixed", 1});
+  EXPECT_NE(problem.find("Even one sequence at a time does not fit"), std::string::npos) << problem;
+  EXPECT_EQ(problem.find("--set train.batch_size"), std::string::npos) << problem;
+}
+
+// `ulysses-train sample` checks the plan of its forward over the whole context: within 5% of
+// the tracked peak of the real model generating tokens, as the sample job builds it.
+TEST(SampleFit, ThePlanIsTheRealForwardsPeakAndItsProblemNamesTheContext) {
+  const Config config = eval_config(1);
+  const int64_t context_len = 200;
+  CpuBackend cpu;
+  cpu.set_num_threads(1);
+  auto sp = make_local_comm("sp");
+  Model model(config, cpu, *sp, *sp, 1, context_len);
+  TokenSampler greedy(SamplingOptions{0.0, 0, 1});
+  generate(model, context_len, {1, 2, 3}, 2, greedy);
+  const double run = double(cpu.memory().stats().total_peak);
+  const int64_t plan = plan_sample_peak(config, context_len, 1);
+  EXPECT_NEAR(double(plan), run, 0.05 * run);
+  EXPECT_LT(plan, plan_sample_peak(config, 2 * context_len, 1));
+
+  const std::string context = "the prompt's 3 tokens and --max-new-tokens 197";
+  EXPECT_EQ(sample_fit_problem(config, context_len, context, 1, RankMemory{plan, "fixed", 1}), "");
+  const std::string problem =
+      sample_fit_problem(config, context_len, context, 1, RankMemory{plan - 1, "fixed", 1});
+  EXPECT_NE(problem.find("sampling needs " + format_bytes(plan) +
+                         " at the peak of a forward over 200 tokens (" + context + ")"),
+            std::string::npos)
+      << problem;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "core/jobs/eval_job.h"
 
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job_session.h"
+#include "core/jobs/start_checks.h"
 #include "parallel/agreement.h"
 
 namespace ulysses {
@@ -40,6 +42,7 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   connect_job(job, world);
   const Config& config = job.config;
   const TrainConfig& train = config.train;
+  check_eval_fits(world, config, omp_get_max_threads(), rank_memory(world, *job.backend));
   const int64_t seq_local = padded_seq_local(train.seq_len, job.mesh.sp_size);
   Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, train.batch_size, seq_local,
               ring_comms(job.mesh));

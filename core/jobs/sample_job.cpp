@@ -1,11 +1,13 @@
 #include "core/jobs/sample_job.h"
 
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job_session.h"
+#include "core/jobs/start_checks.h"
 #include "core/train/evaluate.h"
 #include "data/synthetic.h"
 #include "data/token_stream.h"
@@ -68,6 +70,10 @@ void continue_prompt(const SampleOptions& options, const Config& config, JobSess
         "the prompt's " + std::to_string(prompt.size()) + " tokens and --max-new-tokens " +
         std::to_string(options.max_new_tokens) + " make " + std::to_string(context_len) +
         " tokens, more than model.max_seq_len " + std::to_string(config.model.max_seq_len));
+  check_sample_fits(*job.mesh.world, config, context_len,
+                    "the prompt's " + std::to_string(prompt.size()) +
+                        " tokens and --max-new-tokens " + std::to_string(options.max_new_tokens),
+                    omp_get_max_threads(), rank_memory(*job.mesh.world, *job.backend));
   Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, 1, context_len);
   const std::string weights =
       load_weight_source(options.weights, config.model, model, *job.mesh.world);
@@ -103,6 +109,8 @@ std::string synthetic_symbol(const SyntheticVocab& vocab, int32_t token) {
 // The model's answer to every query of the first validation sequences, next to the truth.
 void answer_queries(const SampleOptions& options, const Config& config, JobSession& job) {
   const int64_t seq_len = config.train.seq_len;
+  check_sample_fits(*job.mesh.world, config, seq_len, "train.seq_len, a validation sequence",
+                    omp_get_max_threads(), rank_memory(*job.mesh.world, *job.backend));
   Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, 1, seq_len);
   const std::string weights =
       load_weight_source(options.weights, config.model, model, *job.mesh.world);

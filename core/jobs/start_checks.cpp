@@ -76,6 +76,16 @@ std::string limit_problem(const std::vector<StagePlan>& stages, int64_t limit) {
   return "";
 }
 
+// "the 22.91 GiB this rank can have (host memory: ..., split among the 2 ranks that share it)"
+std::string rank_memory_text(const RankMemory& memory) {
+  const std::string sharing =
+      memory.sharing_ranks > 1
+          ? ", split among the " + std::to_string(memory.sharing_ranks) + " ranks that share it"
+          : "";
+  return "the " + format_bytes(memory.bytes) + " this rank can have (" + memory.source + sharing +
+         ")";
+}
+
 }  // namespace
 
 void check_run_files(Comm& world, const Config& config) {
@@ -110,10 +120,6 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
         std::to_string(plan.stage.batch_size) +
         (stages.size() > 1 ? " (the train.seq_len_schedule stage " + stage_name(plan.stage) + ")"
                            : "");
-    const std::string sharing =
-        memory.sharing_ranks > 1
-            ? ", split among the " + std::to_string(memory.sharing_ranks) + " ranks that share it"
-            : "";
     char budget_gib[32];
     std::snprintf(budget_gib, sizeof budget_gib, "%.2f",
                   double(memory.bytes) / (1024.0 * 1024.0 * 1024.0));
@@ -124,9 +130,8 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
                std::to_string(config.parallel.sp) + " --world " + std::to_string(world_size) +
                " --device-gib " + budget_gib;
     return "the memory plan needs " + format_bytes(plan.device_peak) +
-           " per rank at the step peak of " + shape + ", more than the " +
-           format_bytes(memory.bytes) + " this rank can have (" + memory.source + sharing +
-           "): the run would run out of memory within its first step at that length. `" + command +
+           " per rank at the step peak of " + shape + ", more than " + rank_memory_text(memory) +
+           ": the run would run out of memory within its first step at that length. `" + command +
            "` lists the memory options that fit (docs/memory.md, \"The planner\"); with "
            "memory.limit_gib set, the run is checked against that budget instead";
   }
@@ -151,6 +156,66 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
           format_bytes(peak), 100.0 * double(peak) / double(memory.bytes),
           format_bytes(memory.bytes), memory.source);
   }
+  agree_on_failure(world, error, ExitCode::runtime);
+}
+
+std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,
+                             const RankMemory& memory) {
+  if (memory.bytes <= 0) return "";
+  const int64_t peak = plan_eval_peak(config, world_size, cpu_threads);
+  if (peak <= memory.bytes) return "";
+  const TrainConfig& train = config.train;
+  std::string problem =
+      "evaluating needs " + format_bytes(peak) + " per rank at the peak of a batch of " +
+      std::to_string(train.batch_size) + " sequences of " + std::to_string(train.seq_len) +
+      " tokens (train.batch_size, train.seq_len), more than " + rank_memory_text(memory) +
+      ": the evaluation would run out of memory in its first batch. ";
+  // Batches of a divisor of train.batch_size, eval_steps scaled up, read the same sequences
+  // (core/train/evaluate.h): the largest that fits is the advice.
+  Config smaller = config;
+  for (int batch = train.batch_size - 1; batch >= 1; --batch) {
+    if (train.batch_size % batch != 0) continue;
+    smaller.train.batch_size = batch;
+    smaller.train.eval_steps = train.eval_steps * (train.batch_size / batch);
+    const int64_t smaller_peak = plan_eval_peak(smaller, world_size, cpu_threads);
+    if (smaller_peak > memory.bytes) continue;
+    return problem + "--set train.batch_size=" + std::to_string(batch) +
+           " --set train.eval_steps=" + std::to_string(smaller.train.eval_steps) +
+           " reads the same sequences in batches that fit (" + format_bytes(smaller_peak) +
+           " planned; docs/evaluation.md)";
+  }
+  return problem +
+         "Even one sequence at a time does not fit: more ranks for parallel.sp split each "
+         "sequence, and memory.activation_checkpointing: layer keeps one layer's activations "
+         "(docs/memory.md, \"The planner\")";
+}
+
+std::string sample_fit_problem(const Config& config, int64_t context_len,
+                               const std::string& context, int cpu_threads,
+                               const RankMemory& memory) {
+  if (memory.bytes <= 0) return "";
+  const int64_t peak = plan_sample_peak(config, context_len, cpu_threads);
+  if (peak <= memory.bytes) return "";
+  return "sampling needs " + format_bytes(peak) + " at the peak of a forward over " +
+         std::to_string(context_len) + " tokens (" + context + "), more than " +
+         rank_memory_text(memory) +
+         ": it would run out of memory in its first forward. A shorter context needs less, and "
+         "memory.activation_checkpointing: layer keeps one layer's activations (docs/memory.md, "
+         "\"The planner\")";
+}
+
+void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
+                       const std::string& context, int cpu_threads, const RankMemory& memory) {
+  std::string error;
+  if (memory_limit_bytes(config) == 0)
+    error = sample_fit_problem(config, context_len, context, cpu_threads, memory);
+  agree_on_failure(world, error, ExitCode::runtime);
+}
+
+void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory) {
+  std::string error;
+  if (memory_limit_bytes(config) == 0)
+    error = eval_fit_problem(config, world.size(), cpu_threads, memory);
   agree_on_failure(world, error, ExitCode::runtime);
 }
 

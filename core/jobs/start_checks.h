@@ -1,8 +1,9 @@
 // What a training run checks before it builds the model (docs/failures.md, "Bad input"): the
 // files it writes or reads only later (log.metrics_file, log.trace_file, data.val_path), each
 // stage of a curriculum against memory.limit_gib, and without a limit every stage against the
-// memory the machine has. Without these, a run trained and then failed at the first log line,
-// after the last step, at a stage change, or was killed for lack of memory within a step.
+// memory the machine has; `eval` and `sample` check their forward's plan against it too.
+// Without these, a run trained and then failed at the first log line, after the last step, at
+// a stage change, or was killed for lack of memory within a step.
 #pragma once
 
 #include <cstdint>
@@ -52,5 +53,26 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
 // allocation there. plan_command starts the command the message suggests.
 void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
                       const std::string& plan_command, const RankMemory& memory);
+
+// Why `ulysses-train eval` of config on world_size ranks does not fit the rank's memory
+// (its planned peak, plan_eval_peak), or "" when it does or memory is not known. The message
+// names the largest batch that reads the same sequences and fits, where one does.
+std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,
+                             const RankMemory& memory);
+
+// Collective: eval_fit_problem, unless memory.limit_gib caps the tracked memory instead;
+// every rank throws JobError(runtime) with it before the model is built.
+void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory);
+
+// Why `ulysses-train sample` over a context of context_len tokens (described by `context`,
+// e.g. "the prompt's 12 tokens and --max-new-tokens 64") does not fit the rank's memory (its
+// planned peak, plan_sample_peak), or "".
+std::string sample_fit_problem(const Config& config, int64_t context_len,
+                               const std::string& context, int cpu_threads,
+                               const RankMemory& memory);
+
+// Collective: sample_fit_problem, as check_eval_fits.
+void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
+                       const std::string& context, int cpu_threads, const RankMemory& memory);
 
 }  // namespace ulysses

@@ -8,15 +8,24 @@
 
 namespace ulysses {
 
-MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
-  // A job resolves kernels.attention: auto before it plans (core/jobs/job_session.cpp); the plan
-  // command resolves it here, for this machine's cuDNN.
+namespace {
+
+// The planning backend of config's device. A job resolves kernels.attention: auto before it
+// plans (core/jobs/job_session.cpp); the plan command resolves it here, for this machine's
+// cuDNN.
+PlanningBackend planning_backend(const Config& config, int cpu_threads) {
   const AttentionKernel attention =
       choose_attention(config.kernels.attention, config.device,
                        config.model.d_model / config.model.n_heads, cudnn_loaded_version(),
                        attention_has_documents(config))
           .kernel;
-  PlanningBackend backend(config.device, attention, cpu_threads);
+  return PlanningBackend(config.device, attention, cpu_threads);
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
+  PlanningBackend backend = planning_backend(config, cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
   Trainer trainer(config, backend, planned.mesh);
   MemoryPlan plan;
@@ -71,6 +80,40 @@ std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu
     plans.push_back({stage, plan_memory(shape, world_size, cpu_threads).device_peak});
   }
   return plans;
+}
+
+namespace {
+
+// The model `eval` or `sample` builds for micro-batches of batch_size sequences of seq_len
+// tokens (split over parallel.sp), and one forward of them with the loss, or with the logits
+// of one row as a sampler reads them.
+int64_t plan_forward_peak(const Config& config, int world_size, int cpu_threads, int64_t batch_size,
+                          int64_t seq_len, bool logits) {
+  PlanningBackend backend = planning_backend(config, cpu_threads);
+  PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
+  const Mesh& mesh = planned.mesh;
+  MicroBatch batch;  // shapes only, as in a planned step
+  batch.batch = batch_size;
+  batch.seq_local = padded_seq_local(seq_len, mesh.sp_size);
+  batch.pos_offset = int64_t(mesh.sp_rank) * batch.seq_local;
+  Model model(config, backend, *mesh.sp, *mesh.world, batch.batch, batch.seq_local,
+              ring_comms(mesh));
+  if (logits)
+    model.logits(batch, {0});
+  else
+    model.evaluate(batch);
+  return backend.memory().stats().total_peak;
+}
+
+}  // namespace
+
+int64_t plan_eval_peak(const Config& config, int world_size, int cpu_threads) {
+  return plan_forward_peak(config, world_size, cpu_threads, config.train.batch_size,
+                           config.train.seq_len, false);
+}
+
+int64_t plan_sample_peak(const Config& config, int64_t context_len, int cpu_threads) {
+  return plan_forward_peak(config, 1, cpu_threads, 1, context_len, true);
 }
 
 }  // namespace ulysses

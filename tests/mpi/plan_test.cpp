@@ -16,7 +16,9 @@
 #include "core/config/config.h"
 #include "core/jobs/start_checks.h"
 #include "core/plan/memory_plan.h"
+#include "core/train/evaluate.h"
 #include "core/train/trainer.h"
+#include "data/dataset.h"
 #include "kernels/backend.h"
 #include "kernels/planning_backend.h"
 #include "parallel/mesh.h"
@@ -105,6 +107,40 @@ TEST_F(PlanAgainstRuns, PeakOfEveryCategoryWithinFivePercent) {
         << describe(point) << ": device total on rank " << world().rank();
   }
   EXPECT_GE(planned, 5);
+}
+
+// `ulysses-train eval`'s plan (plan_eval_peak) against the tracked peak of a real model built
+// as the eval job builds it and evaluating a batch: the check that refuses an evaluation too
+// large for the machine is only as good as this plan. A training step holds more (gradients'
+// traffic, backward, the optimizer), so the eval plan is also below the training plan.
+TEST_F(PlanAgainstRuns, EvalPeakWithinFivePercentOfARealEvaluation) {
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const GridPoint grid[] = {
+      {"llama", 1, 0, false, 1, "false", false}, {"llama", 2, 3, true, 2, "auto", true},
+      {"llama", 2, 1, false, 1, "false", false}, {"llama", 4, 2, true, 1, "4", false},
+      {"gpt2", 2, 1, true, 1, "false", false},
+  };
+  int planned = 0;
+  for (const GridPoint& point : grid) {
+    if (world().size() % point.sp != 0) continue;
+    Config config = grid_config(point);
+    config.train.batch_size = 2;
+    auto backend = make_backend(BackendKind::cpu, 0);
+    backend->set_num_threads(1);
+    Mesh mesh = make_mesh(world(), config.parallel.sp);
+    const int64_t seq_local = padded_seq_local(config.train.seq_len, mesh.sp_size);
+    Model model(config, *backend, *mesh.sp, *mesh.world, config.train.batch_size, seq_local,
+                ring_comms(mesh));
+    std::unique_ptr<Dataset> data = make_dataset(config.data, Split::val, config.train.seq_len,
+                                                 config.model.vocab_size, config.train.seed);
+    evaluate_model(model, *data, mesh, config.train.batch_size, config.train.seq_len, 2);
+    const double run = double(backend->memory().stats().total_peak);
+    const int64_t plan = plan_eval_peak(config, world().size(), 1);
+    ++planned;
+    EXPECT_NEAR(double(plan), run, 0.05 * run) << describe(point) << " on rank " << world().rank();
+    EXPECT_LT(plan, plan_memory(config, world().size(), 1).device_peak) << describe(point);
+  }
+  EXPECT_GE(planned, 3);
 }
 
 // A backend that computes nothing and reports a fixed amount of available memory, shared by
