@@ -42,14 +42,14 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   connect_job(job, world);
   const Config& config = job.config;
   const TrainConfig& train = config.train;
+  const OpenedWeights weights = open_weight_source(options.weights, config.model, world);
   check_eval_fits(world, config, omp_get_max_threads(), rank_memory(world, *job.backend));
   const int64_t seq_local = padded_seq_local(train.seq_len, job.mesh.sp_size);
   Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, train.batch_size, seq_local,
               ring_comms(job.mesh));
-  std::string weights;
   {
     Watchdog::SlowWork slow(job.watchdog.get(), "loading the weights");
-    weights = load_weight_source(options.weights, config.model, model, world);
+    load_opened_weights(weights, model);
   }
   std::unique_ptr<Dataset> dataset = open_validation_data(config, world);
   const EvalResult result =
@@ -59,7 +59,7 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   const std::string split = config.data.val_path.empty() ? "held-out" : "data.val_path";
   const int64_t sequences = int64_t(train.eval_steps) * train.batch_size * job.mesh.dp_size;
   if (options.json) {
-    nlohmann::json line = {{"weights", weights},      {"split", split},
+    nlohmann::json line = {{"weights", weights.path}, {"split", split},
                            {"loss", result.loss},     {"perplexity", std::exp(result.loss)},
                            {"tokens", result.tokens}, {"sequences", sequences},
                            {"world", world.size()},   {"sp", job.mesh.sp_size}};
@@ -69,7 +69,7 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
     const std::string accuracy =
         result.accuracy >= 0 ? fmt::format(" | acc {:5.1f}%", 100.0 * result.accuracy) : "";
     spdlog::info("eval of {} on the {} split ({} sequences of {} tokens, world {} = dp {} x sp {})",
-                 weights, split, sequences, train.seq_len, world.size(), job.mesh.dp_size,
+                 weights.path, split, sequences, train.seq_len, world.size(), job.mesh.dp_size,
                  job.mesh.sp_size);
     spdlog::info("eval loss {:.4f} | perplexity {:.3f} | {} tokens{}", result.loss,
                  std::exp(result.loss), result.tokens, accuracy);

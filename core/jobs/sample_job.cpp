@@ -62,6 +62,26 @@ std::vector<int32_t> prompt_tokens(const SampleOptions& options, const Config& c
   return options.prompt_tokens;
 }
 
+struct SampleModel {
+  std::string weights;  // the path read
+  std::unique_ptr<Model> model;
+};
+
+// The model over one sequence of context_len tokens (`context` says where that length comes
+// from) with the weights of options: the weights are opened and checked first, then the plan
+// against the memory, so that neither mistake builds a model first.
+SampleModel load_sample_model(const SampleOptions& options, const Config& config, JobSession& job,
+                              int64_t context_len, const std::string& context) {
+  Comm& world = *job.mesh.world;
+  const OpenedWeights weights = open_weight_source(options.weights, config.model, world);
+  check_sample_fits(world, config, context_len, context, omp_get_max_threads(),
+                    rank_memory(world, *job.backend));
+  SampleModel sample{weights.path, std::make_unique<Model>(config, *job.backend, *job.mesh.sp,
+                                                           world, 1, context_len)};
+  load_opened_weights(weights, *sample.model);
+  return sample;
+}
+
 void continue_prompt(const SampleOptions& options, const Config& config, JobSession& job) {
   const std::vector<int32_t> prompt = prompt_tokens(options, config);
   const int64_t context_len = int64_t(prompt.size()) + options.max_new_tokens;
@@ -70,13 +90,12 @@ void continue_prompt(const SampleOptions& options, const Config& config, JobSess
         "the prompt's " + std::to_string(prompt.size()) + " tokens and --max-new-tokens " +
         std::to_string(options.max_new_tokens) + " make " + std::to_string(context_len) +
         " tokens, more than model.max_seq_len " + std::to_string(config.model.max_seq_len));
-  check_sample_fits(*job.mesh.world, config, context_len,
-                    "the prompt's " + std::to_string(prompt.size()) +
-                        " tokens and --max-new-tokens " + std::to_string(options.max_new_tokens),
-                    omp_get_max_threads(), rank_memory(*job.mesh.world, *job.backend));
-  Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, 1, context_len);
-  const std::string weights =
-      load_weight_source(options.weights, config.model, model, *job.mesh.world);
+  const SampleModel sample = load_sample_model(options, config, job, context_len,
+                                               "the prompt's " + std::to_string(prompt.size()) +
+                                                   " tokens and --max-new-tokens " +
+                                                   std::to_string(options.max_new_tokens));
+  Model& model = *sample.model;
+  const std::string& weights = sample.weights;
   TokenSampler sampler(options.sampling);
   const std::vector<int32_t> continuation =
       generate(model, context_len, prompt, options.max_new_tokens, sampler);
@@ -109,11 +128,10 @@ std::string synthetic_symbol(const SyntheticVocab& vocab, int32_t token) {
 // The model's answer to every query of the first validation sequences, next to the truth.
 void answer_queries(const SampleOptions& options, const Config& config, JobSession& job) {
   const int64_t seq_len = config.train.seq_len;
-  check_sample_fits(*job.mesh.world, config, seq_len, "train.seq_len, a validation sequence",
-                    omp_get_max_threads(), rank_memory(*job.mesh.world, *job.backend));
-  Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, 1, seq_len);
-  const std::string weights =
-      load_weight_source(options.weights, config.model, model, *job.mesh.world);
+  const SampleModel sample =
+      load_sample_model(options, config, job, seq_len, "train.seq_len, a validation sequence");
+  Model& model = *sample.model;
+  const std::string& weights = sample.weights;
   std::unique_ptr<Dataset> dataset =
       make_dataset(config.data, Split::val, seq_len, config.model.vocab_size, config.train.seed);
   const SyntheticVocab vocab = synthetic_vocab(config.data);
