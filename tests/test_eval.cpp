@@ -70,7 +70,7 @@ TEST_F(EvalCommand, WithoutJsonPrintsLossPerplexityTokensAndAccuracy) {
     EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
 }
 
-// The batch an evaluation too large for the machine is advised to take (core/jobs/start_checks.h):
+// The batch an evaluation too large for the machine is advised to take (core/jobs/memory_fit.h):
 // batches of a divisor of train.batch_size, eval_steps scaled up, read the same sequences.
 // Other sequences would count other answers and give another loss; the same ones give the
 // same answers, the loss apart only by the fp32 rounding of another batch shape's GEMMs and

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/jobs/start_checks.h"
+#include "core/jobs/memory_fit.h"
 #include "core/model/model.h"
 #include "core/plan/memory_plan.h"
 #include "core/train/sampler.h"

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job_session.h"
-#include "core/jobs/start_checks.h"
+#include "core/jobs/memory_fit.h"
 #include "parallel/agreement.h"
 
 namespace ulysses {

@@ -14,6 +14,7 @@
 #include "core/config/config.h"
 #include "core/jobs/job_identity.h"
 #include "core/jobs/job_session.h"
+#include "core/jobs/memory_fit.h"
 #include "core/jobs/start_checks.h"
 #include "core/plan/memory_plan.h"
 #include "core/report/metrics.h"
@@ -56,7 +57,7 @@ void print_plan(const Config& config, int world_size) {
             << "; more in ulysses-train plan --help\n";
   if (config.train.seq_len_schedule.empty()) return;
   // The run checks each stage against memory.limit_gib before its first step
-  // (core/jobs/start_checks.h).
+  // (core/jobs/memory_fit.h).
   const int64_t limit = memory_limit_bytes(config);
   std::cout << "# train.seq_len_schedule, each stage planned (the plan above is the last):\n";
   for (const StagePlan& stage : plan_stages(config, world_size, 1))

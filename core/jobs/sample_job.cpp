@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/jobs/job_session.h"
-#include "core/jobs/start_checks.h"
+#include "core/jobs/memory_fit.h"
 #include "core/train/evaluate.h"
 #include "data/synthetic.h"
 #include "data/token_stream.h"

@@ -1,22 +1,15 @@
 #include "core/jobs/start_checks.h"
 
-#include <spdlog/spdlog.h>
-
-#include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "core/checkpoint/file_util.h"
-#include "core/jobs/job_session.h"
-#include "core/plan/memory_plan.h"
 #include "data/dataset.h"
 #include "data/input_file.h"
 #include "data/token_stream.h"
 #include "parallel/agreement.h"
-#include "parallel/mpi_comm.h"
 
 namespace ulysses {
 
@@ -56,167 +49,12 @@ std::string val_path_problem(const DataConfig& data) {
   return "";
 }
 
-// A curriculum stage as the config writes it: "seq_len x batch @ step", e.g. 65536x1@1.
-std::string stage_name(const SeqLenStage& stage) {
-  return std::to_string(stage.seq_len) + "x" + std::to_string(stage.batch_size) + "@" +
-         std::to_string(stage.first_step);
-}
-
-// Why a curriculum stage does not fit memory.limit_gib (limit bytes), or "".
-std::string limit_problem(const std::vector<StagePlan>& stages, int64_t limit) {
-  for (const StagePlan& plan : stages) {
-    if (plan.device_peak <= limit) continue;
-    return "train.seq_len_schedule: the stage " + stage_name(plan.stage) +
-           " (seq_len x batch @ step) would need " + format_bytes(plan.device_peak) +
-           " per rank at its step peak, above memory.limit_gib (" + format_bytes(limit) +
-           "); planned before the first step (docs/memory.md, \"The planner\"): shorten or "
-           "split that stage, lower its batch, or take the memory options `ulysses-train "
-           "plan` suggests";
-  }
-  return "";
-}
-
-// "the 22.91 GiB this rank can have (host memory: ..., split among the 2 ranks that share it)"
-std::string rank_memory_text(const RankMemory& memory) {
-  const std::string sharing =
-      memory.sharing_ranks > 1
-          ? ", split among the " + std::to_string(memory.sharing_ranks) + " ranks that share it"
-          : "";
-  return "the " + format_bytes(memory.bytes) + " this rank can have (" + memory.source + sharing +
-         ")";
-}
-
 }  // namespace
 
 void check_run_files(Comm& world, const Config& config) {
   agree_on_failure(world, world.rank() == 0 ? outputs_problem(config.log) : "",
                    ExitCode::bad_input);
   agree_on_failure(world, val_path_problem(config.data), ExitCode::bad_input);
-}
-
-RankMemory rank_memory(Comm& world, const Backend& backend) {
-  const int ranks_here = std::max(1, ranks_on_this_node(world));
-  const Backend::AvailableMemory available = backend.available_memory();
-  RankMemory memory;
-  memory.source = available.source;
-  memory.sharing_ranks = ranks_here;
-  if (!available.shared_by_node) {  // asked only here: it starts the CUDA runtime
-    const int gpus_here = std::max(1, cuda_devices_visible());
-    memory.sharing_ranks = (ranks_here + gpus_here - 1) / gpus_here;
-  }
-  if (available.bytes > 0)
-    memory.bytes = available.bytes / memory.sharing_ranks + backend.memory().stats().total_current;
-  return memory;
-}
-
-std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
-                                const Config& config, int world_size,
-                                const std::string& plan_command) {
-  if (memory.bytes <= 0) return "";
-  for (const StagePlan& plan : stages) {
-    if (plan.device_peak <= memory.bytes) continue;
-    const std::string shape =
-        std::to_string(plan.stage.seq_len) + " tokens x batch " +
-        std::to_string(plan.stage.batch_size) +
-        (stages.size() > 1 ? " (the train.seq_len_schedule stage " + stage_name(plan.stage) + ")"
-                           : "");
-    char budget_gib[32];
-    std::snprintf(budget_gib, sizeof budget_gib, "%.2f",
-                  double(memory.bytes) / (1024.0 * 1024.0 * 1024.0));
-    std::string command = plan_command;
-    if (plan.stage.batch_size != config.train.batch_size)
-      command += " --set train.batch_size=" + std::to_string(plan.stage.batch_size);
-    command += " --seq " + std::to_string(plan.stage.seq_len) + " --sp " +
-               std::to_string(config.parallel.sp) + " --world " + std::to_string(world_size) +
-               " --device-gib " + budget_gib;
-    return "the memory plan needs " + format_bytes(plan.device_peak) +
-           " per rank at the step peak of " + shape + ", more than " + rank_memory_text(memory) +
-           ": the run would run out of memory within its first step at that length. `" + command +
-           "` lists the memory options that fit (docs/memory.md, \"The planner\"); with "
-           "memory.limit_gib set, the run is checked against that budget instead";
-  }
-  return "";
-}
-
-void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
-                      const std::string& plan_command, const RankMemory& memory) {
-  const int64_t limit = memory_limit_bytes(config);
-  std::string error;
-  if (limit > 0) {
-    if (world.rank() == 0 && !config.train.seq_len_schedule.empty())
-      error = limit_problem(plan_stages(config, world.size(), cpu_threads), limit);
-  } else if (memory.bytes > 0) {
-    const std::vector<StagePlan> stages = plan_stages(config, world.size(), cpu_threads);
-    error = machine_fit_problem(stages, memory, config, world.size(), plan_command);
-    int64_t peak = 0;
-    for (const StagePlan& stage : stages) peak = std::max(peak, stage.device_peak);
-    if (error.empty() && world.rank() == 0)
-      spdlog::info(
-          "memory: planned step peak {} per rank, {:.1f}% of the {} this rank can have ({})",
-          format_bytes(peak), 100.0 * double(peak) / double(memory.bytes),
-          format_bytes(memory.bytes), memory.source);
-  }
-  agree_on_failure(world, error, ExitCode::runtime);
-}
-
-std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,
-                             const RankMemory& memory) {
-  if (memory.bytes <= 0) return "";
-  const int64_t peak = plan_eval_peak(config, world_size, cpu_threads);
-  if (peak <= memory.bytes) return "";
-  const TrainConfig& train = config.train;
-  std::string problem =
-      "evaluating needs " + format_bytes(peak) + " per rank at the peak of a batch of " +
-      std::to_string(train.batch_size) + " sequences of " + std::to_string(train.seq_len) +
-      " tokens (train.batch_size, train.seq_len), more than " + rank_memory_text(memory) +
-      ": the evaluation would run out of memory in its first batch. ";
-  // Batches of a divisor of train.batch_size, eval_steps scaled up, read the same sequences
-  // (core/train/evaluate.h): the largest that fits is the advice.
-  Config smaller = config;
-  for (int batch = train.batch_size - 1; batch >= 1; --batch) {
-    if (train.batch_size % batch != 0) continue;
-    smaller.train.batch_size = batch;
-    smaller.train.eval_steps = train.eval_steps * (train.batch_size / batch);
-    const int64_t smaller_peak = plan_eval_peak(smaller, world_size, cpu_threads);
-    if (smaller_peak > memory.bytes) continue;
-    return problem + "--set train.batch_size=" + std::to_string(batch) +
-           " --set train.eval_steps=" + std::to_string(smaller.train.eval_steps) +
-           " reads the same sequences in batches that fit (" + format_bytes(smaller_peak) +
-           " planned; docs/evaluation.md)";
-  }
-  return problem +
-         "Even one sequence at a time does not fit: more ranks for parallel.sp split each "
-         "sequence, and memory.activation_checkpointing: layer keeps one layer's activations "
-         "(docs/memory.md, \"The planner\")";
-}
-
-std::string sample_fit_problem(const Config& config, int64_t context_len,
-                               const std::string& context, int cpu_threads,
-                               const RankMemory& memory) {
-  if (memory.bytes <= 0) return "";
-  const int64_t peak = plan_sample_peak(config, context_len, cpu_threads);
-  if (peak <= memory.bytes) return "";
-  return "sampling needs " + format_bytes(peak) + " at the peak of a forward over " +
-         std::to_string(context_len) + " tokens (" + context + "), more than " +
-         rank_memory_text(memory) +
-         ": it would run out of memory in its first forward. A shorter context needs less, and "
-         "memory.activation_checkpointing: layer keeps one layer's activations (docs/memory.md, "
-         "\"The planner\")";
-}
-
-void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
-                       const std::string& context, int cpu_threads, const RankMemory& memory) {
-  std::string error;
-  if (memory_limit_bytes(config) == 0)
-    error = sample_fit_problem(config, context_len, context, cpu_threads, memory);
-  agree_on_failure(world, error, ExitCode::runtime);
-}
-
-void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory) {
-  std::string error;
-  if (memory_limit_bytes(config) == 0)
-    error = eval_fit_problem(config, world.size(), cpu_threads, memory);
-  agree_on_failure(world, error, ExitCode::runtime);
 }
 
 }  // namespace ulysses

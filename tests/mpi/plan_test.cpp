@@ -14,7 +14,7 @@
 #include <string>
 
 #include "core/config/config.h"
-#include "core/jobs/start_checks.h"
+#include "core/jobs/memory_fit.h"
 #include "core/plan/memory_plan.h"
 #include "core/train/evaluate.h"
 #include "core/train/trainer.h"

@@ -1,0 +1,69 @@
+// A job's memory plan checked against the memory a rank can have, before the model is built
+// (docs/memory.md, "Memory the machine has"): a training run's every curriculum stage (against
+// memory.limit_gib when set), `eval`'s batch and `sample`'s context. Past that memory a cpu run
+// was killed by the system partway through a step, with no message, however long it took to
+// get there; a cuda run failed its allocation there.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/plan/memory_plan.h"
+#include "kernels/backend.h"
+#include "parallel/comm.h"
+
+namespace ulysses {
+
+// The memory a rank can have: what the backend reports as available, divided among the ranks
+// that share it (docs/memory.md, "Memory the machine has").
+struct RankMemory {
+  int64_t bytes = 0;  // 0: not known, nothing is checked
+  std::string source;
+  int sharing_ranks = 1;
+};
+
+// Collective: memory for this rank on its node (ranks_on_this_node shares host memory among
+// all of them, a GPU's among the ranks on it), with the tracked bytes the backend holds
+// already, which the plan counts too.
+RankMemory rank_memory(Comm& world, const Backend& backend);
+
+// Why the stages of config on world_size ranks do not fit the rank's memory, or "" when every
+// planned step peak does. plan_command ("ulysses-train plan --config FILE" with the job's
+// --set overrides) starts the command the message suggests.
+std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
+                                const Config& config, int world_size,
+                                const std::string& plan_command);
+
+// Collective: every stage's planned step peak (core/plan/memory_plan.h, cpu_threads as the
+// run's backend has them) fits, else every rank throws JobError(runtime) before the model is
+// built. With memory.limit_gib, a curriculum's stages are checked against it: the status of
+// an allocation past the limit, reached before the first step instead of at the stage change.
+// Without it, every stage is checked against memory (0: not known, nothing checked), and a
+// run that fits logs its peak. plan_command starts the command the message suggests.
+void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
+                      const std::string& plan_command, const RankMemory& memory);
+
+// Why `ulysses-train eval` of config on world_size ranks does not fit the rank's memory
+// (its planned peak, plan_eval_peak), or "" when it does or memory is not known. The message
+// names the largest batch that reads the same sequences and fits, where one does.
+std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,
+                             const RankMemory& memory);
+
+// Collective: eval_fit_problem, unless memory.limit_gib caps the tracked memory instead;
+// every rank throws JobError(runtime) with it before the model is built.
+void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory);
+
+// Why `ulysses-train sample` over a context of context_len tokens (described by `context`,
+// e.g. "the prompt's 12 tokens and --max-new-tokens 64") does not fit the rank's memory (its
+// planned peak, plan_sample_peak), or "".
+std::string sample_fit_problem(const Config& config, int64_t context_len,
+                               const std::string& context, int cpu_threads,
+                               const RankMemory& memory);
+
+// Collective: sample_fit_problem, as check_eval_fits.
+void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
+                       const std::string& context, int cpu_threads, const RankMemory& memory);
+
+}  // namespace ulysses
