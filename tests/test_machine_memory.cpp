@@ -15,6 +15,7 @@
 #include "core/train/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/host_memory.h"
+#include "parallel/exit_code.h"
 #include "parallel/local_comm.h"
 
 namespace ulysses {
@@ -185,6 +186,79 @@ TEST(SampleFit, ThePlanIsTheRealForwardsPeakAndItsProblemNamesTheContext) {
                          " at the peak of a forward over 200 tokens (" + context + ")"),
             std::string::npos)
       << problem;
+}
+
+// On the cpu backend memory.offload_checkpoints moves nothing: the layer inputs are in the
+// host memory the rest of the step uses, so the check counts them there (the plan keeps them
+// apart from the device total, as memory.limit_gib does). On cuda they are host memory beside
+// the GPU's, checked by host_fit_problem.
+TEST(MachineFit, OnTheCpuTheOffloadedLayerInputsCountInTheSameMemory) {
+  const RankMemory memory{4 * kGiB, "host memory", 1};
+  Config cpu = two_stage_config();
+  const std::string problem =
+      machine_fit_problem({{{4096, 0, 4}, 3 * kGiB, 2 * kGiB}}, memory, cpu, 1, kPlan);
+  EXPECT_NE(problem.find("needs 5.00 GiB per rank (2.00 GiB of it the layer inputs of "
+                         "memory.offload_checkpoints, which on the cpu backend stay in this "
+                         "memory) at the step peak of 4096 tokens x batch 4"),
+            std::string::npos)
+      << problem;
+  Config cuda = two_stage_config();
+  cuda.device = Device::cuda;
+  EXPECT_EQ(machine_fit_problem({{{4096, 0, 4}, 3 * kGiB, 2 * kGiB}}, memory, cuda, 1, kPlan), "");
+  EXPECT_EQ(host_fit_problem({{{4096, 0, 4}, 3 * kGiB, 2 * kGiB}}, memory, cpu), "")
+      << "the cpu backend's one memory is machine_fit_problem's";
+}
+
+TEST(HostFit, ACudaStageAboveTheHostsShareIsNamedWithTheOffloadAdvice) {
+  Config cuda = two_stage_config();
+  cuda.device = Device::cuda;
+  const RankMemory host{10 * kGiB, "host memory", 8};
+  EXPECT_EQ(host_fit_problem({{{4096, 0, 4}, 70 * kGiB, 10 * kGiB}}, host, cuda), "");
+  EXPECT_EQ(host_fit_problem({{{4096, 0, 4}, kGiB, 1000 * kGiB}}, RankMemory{}, cuda), "");
+  const std::string problem = host_fit_problem(
+      {{{4096, 0, 4}, kGiB, kGiB}, {{1 << 20, 100, 1}, 70 * kGiB, 211 * kGiB}}, host, cuda);
+  for (const std::string part :
+       {"needs 211.00 GiB of host memory per rank at the step peak of 1048576 tokens x batch 1 "
+        "(the train.seq_len_schedule stage 1048576x1@100)",
+        "more than the 10.00 GiB this rank can have (host memory, split among the 8 ranks",
+        "memory.offload_checkpoints: false"})
+    EXPECT_NE(problem.find(part), std::string::npos) << part << "\nnot in: " << problem;
+}
+
+// The host part of each stage's plan: on cuda the offloaded layer inputs, the weights I/O and
+// the pinned staging; on the cpu backend the offloaded layer inputs only (its weights I/O fills
+// the master weights in place). And a cuda run is held to its host's memory whatever
+// memory.limit_gib says, before it builds anything.
+TEST(HostFit, EachStagesHostPeakIsItsPlansHostMemory) {
+  Config config = eval_config(2);
+  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
+  config.memory.offload_checkpoints = true;
+  for (const Device device : {Device::cpu, Device::cuda}) {
+    config.device = device;
+    const MemoryPlan plan = plan_memory(config, 1, 1);
+    ASSERT_GT(plan.host_checkpoints, 0) << name_of(device);
+    const std::vector<StagePlan> stages = plan_stages(config, 1, 1);
+    ASSERT_EQ(stages.size(), 1u);
+    EXPECT_EQ(stages[0].device_peak, plan.device_peak);
+    EXPECT_EQ(stages[0].host_peak,
+              device == Device::cuda
+                  ? plan.host_checkpoints + plan.host_weights_io + plan.host_staging
+                  : plan.host_checkpoints)
+        << name_of(device);
+  }
+  auto world = make_local_comm("world");
+  config.memory.limit_gib = 1000;
+  const RankMemory plenty{1000 * kGiB, "fixed", 1};
+  check_stages_fit(*world, config, 1, kPlan, plenty, plenty);
+  try {
+    check_stages_fit(*world, config, 1, kPlan, plenty,
+                     RankMemory{plan_stages(config, 1, 1)[0].host_peak - 1, "fixed", 1});
+    ADD_FAILURE() << "a cuda run past its host memory was not refused";
+  } catch (const JobError& error) {
+    EXPECT_EQ(error.code(), ExitCode::runtime);
+    EXPECT_NE(std::string(error.what()).find("of host memory per rank"), std::string::npos)
+        << error.what();
+  }
 }
 
 }  // namespace

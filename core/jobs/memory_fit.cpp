@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/jobs/job_session.h"
+#include "kernels/cpu/host_memory.h"
 #include "parallel/agreement.h"
 #include "parallel/mpi_comm.h"
 
@@ -31,6 +32,13 @@ std::string limit_problem(const std::vector<StagePlan>& stages, int64_t limit) {
            "plan` suggests";
   }
   return "";
+}
+
+// "65536 tokens x batch 1 (the train.seq_len_schedule stage 65536x1@100)"
+std::string stage_shape(const StagePlan& plan, size_t stages) {
+  return std::to_string(plan.stage.seq_len) + " tokens x batch " +
+         std::to_string(plan.stage.batch_size) +
+         (stages > 1 ? " (the train.seq_len_schedule stage " + stage_name(plan.stage) + ")" : "");
 }
 
 // "the 22.91 GiB this rank can have (host memory: ..., split among the 2 ranks that share it)"
@@ -60,17 +68,32 @@ RankMemory rank_memory(Comm& world, const Backend& backend) {
   return memory;
 }
 
+RankMemory host_rank_memory(Comm& world) {
+  RankMemory memory;
+  memory.sharing_ranks = std::max(1, ranks_on_this_node(world));
+  memory.bytes = host_available_bytes() / memory.sharing_ranks;
+  memory.source = kHostMemorySource;
+  return memory;
+}
+
+int64_t planned_need(const StagePlan& plan, const Config& config) {
+  return plan.device_peak + (config.device == Device::cpu ? plan.host_peak : 0);
+}
+
 std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
                                 const Config& config, int world_size,
                                 const std::string& plan_command) {
   if (memory.bytes <= 0) return "";
   for (const StagePlan& plan : stages) {
-    if (plan.device_peak <= memory.bytes) continue;
-    const std::string shape =
-        std::to_string(plan.stage.seq_len) + " tokens x batch " +
-        std::to_string(plan.stage.batch_size) +
-        (stages.size() > 1 ? " (the train.seq_len_schedule stage " + stage_name(plan.stage) + ")"
-                           : "");
+    const int64_t need = planned_need(plan, config);
+    if (need <= memory.bytes) continue;
+    const std::string shape = stage_shape(plan, stages.size());
+    // On the cpu backend the offloaded layer inputs are host memory like the rest.
+    const std::string offloaded =
+        need > plan.device_peak ? " (" + format_bytes(need - plan.device_peak) +
+                                      " of it the layer inputs of memory.offload_checkpoints, "
+                                      "which on the cpu backend stay in this memory)"
+                                : "";
     char budget_gib[32];
     std::snprintf(budget_gib, sizeof budget_gib, "%.2f",
                   double(memory.bytes) / (1024.0 * 1024.0 * 1024.0));
@@ -80,8 +103,8 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
     command += " --seq " + std::to_string(plan.stage.seq_len) + " --sp " +
                std::to_string(config.parallel.sp) + " --world " + std::to_string(world_size) +
                " --device-gib " + budget_gib;
-    return "the memory plan needs " + format_bytes(plan.device_peak) +
-           " per rank at the step peak of " + shape + ", more than " + rank_memory_text(memory) +
+    return "the memory plan needs " + format_bytes(need) + " per rank" + offloaded +
+           " at the step peak of " + shape + ", more than " + rank_memory_text(memory) +
            ": the run would run out of memory within its first step at that length. `" + command +
            "` lists the memory options that fit (docs/memory.md, \"The planner\"); with "
            "memory.limit_gib set, the run is checked against that budget instead";
@@ -89,23 +112,43 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
   return "";
 }
 
+std::string host_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& host_memory,
+                             const Config& config) {
+  if (config.device != Device::cuda || host_memory.bytes <= 0) return "";
+  for (const StagePlan& plan : stages) {
+    if (plan.host_peak <= host_memory.bytes) continue;
+    return "the memory plan needs " + format_bytes(plan.host_peak) +
+           " of host memory per rank at the step peak of " + stage_shape(plan, stages.size()) +
+           " (the layer inputs of memory.offload_checkpoints, the weights passing through the "
+           "host and the pinned staging of collectives), more than " +
+           rank_memory_text(host_memory) +
+           ": the system would kill the run or refuse its pinned memory. More ranks for "
+           "parallel.sp divide the layer inputs; memory.offload_checkpoints: false keeps them on "
+           "the GPU (docs/memory.md, \"Memory the machine has\")";
+  }
+  return "";
+}
+
 void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
-                      const std::string& plan_command, const RankMemory& memory) {
+                      const std::string& plan_command, const RankMemory& memory,
+                      const RankMemory& host_memory) {
   const int64_t limit = memory_limit_bytes(config);
+  const bool check_machine = limit == 0 && memory.bytes > 0;
+  const bool check_host = config.device == Device::cuda && host_memory.bytes > 0;
+  const bool check_limit = limit > 0 && !config.train.seq_len_schedule.empty();
+  if (!check_machine && !check_host && !check_limit) return;
+  const std::vector<StagePlan> stages = plan_stages(config, world.size(), cpu_threads);
   std::string error;
-  if (limit > 0) {
-    if (world.rank() == 0 && !config.train.seq_len_schedule.empty())
-      error = limit_problem(plan_stages(config, world.size(), cpu_threads), limit);
-  } else if (memory.bytes > 0) {
-    const std::vector<StagePlan> stages = plan_stages(config, world.size(), cpu_threads);
+  if (check_limit && world.rank() == 0) error = limit_problem(stages, limit);
+  if (error.empty() && check_machine)
     error = machine_fit_problem(stages, memory, config, world.size(), plan_command);
+  if (error.empty()) error = host_fit_problem(stages, host_memory, config);
+  if (error.empty() && check_machine && world.rank() == 0) {
     int64_t peak = 0;
-    for (const StagePlan& stage : stages) peak = std::max(peak, stage.device_peak);
-    if (error.empty() && world.rank() == 0)
-      spdlog::info(
-          "memory: planned step peak {} per rank, {:.1f}% of the {} this rank can have ({})",
-          format_bytes(peak), 100.0 * double(peak) / double(memory.bytes),
-          format_bytes(memory.bytes), memory.source);
+    for (const StagePlan& stage : stages) peak = std::max(peak, planned_need(stage, config));
+    spdlog::info("memory: planned step peak {} per rank, {:.1f}% of the {} this rank can have ({})",
+                 format_bytes(peak), 100.0 * double(peak) / double(memory.bytes),
+                 format_bytes(memory.bytes), memory.source);
   }
   agree_on_failure(world, error, ExitCode::runtime);
 }

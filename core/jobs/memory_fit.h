@@ -29,21 +29,39 @@ struct RankMemory {
 // already, which the plan counts too.
 RankMemory rank_memory(Comm& world, const Backend& backend);
 
+// Collective: the host memory a rank of a cuda run can have beside its GPU's, the host's
+// available memory divided among the ranks on its node.
+RankMemory host_rank_memory(Comm& world);
+
+// What a stage needs of the rank's memory: its device peak, and on the cpu backend, whose
+// device memory is the host's, the offloaded checkpoints too.
+int64_t planned_need(const StagePlan& plan, const Config& config);
+
 // Why the stages of config on world_size ranks do not fit the rank's memory, or "" when every
-// planned step peak does. plan_command ("ulysses-train plan --config FILE" with the job's
+// planned step peak (planned_need) does. plan_command ("ulysses-train plan --config FILE" with the
+// job's
 // --set overrides) starts the command the message suggests.
 std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
                                 const Config& config, int world_size,
                                 const std::string& plan_command);
+
+// Why the stages of a cuda run do not fit the host memory beside the GPU (each stage's
+// host_peak: offloaded checkpoints, weights I/O, pinned staging), or "" when they do, when
+// host memory is not known, or on the cpu backend (whose one memory machine_fit_problem checks).
+std::string host_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& host_memory,
+                             const Config& config);
 
 // Collective: every stage's planned step peak (core/plan/memory_plan.h, cpu_threads as the
 // run's backend has them) fits, else every rank throws JobError(runtime) before the model is
 // built. With memory.limit_gib, a curriculum's stages are checked against it: the status of
 // an allocation past the limit, reached before the first step instead of at the stage change.
 // Without it, every stage is checked against memory (0: not known, nothing checked), and a
-// run that fits logs its peak. plan_command starts the command the message suggests.
+// run that fits logs its peak. A cuda run's stages are also checked against host_memory,
+// whatever the limit (it caps the device only). plan_command starts the command the message
+// suggests.
 void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
-                      const std::string& plan_command, const RankMemory& memory);
+                      const std::string& plan_command, const RankMemory& memory,
+                      const RankMemory& host_memory);
 
 // Why `ulysses-train eval` of config on world_size ranks does not fit the rank's memory
 // (its planned peak, plan_eval_peak), or "" when it does or memory is not known. The message

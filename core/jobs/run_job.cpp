@@ -131,7 +131,7 @@ void run_job(const JobOptions& options, Comm& world) {
   // Before the checkpoint folder is touched: a run that cannot go far leaves it as it was.
   check_run_files(world, config);
   check_stages_fit(world, config, omp_get_max_threads(), plan_command(options),
-                   rank_memory(world, *job.backend));
+                   rank_memory(world, *job.backend), host_rank_memory(world));
   recover_checkpoint_dir(world, config.train.checkpoint.dir);
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)

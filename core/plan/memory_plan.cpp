@@ -77,7 +77,13 @@ std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu
     shape.train.seq_len_schedule.clear();
     shape.train.seq_len = int(stage.seq_len);
     shape.train.batch_size = int(stage.batch_size);
-    plans.push_back({stage, plan_memory(shape, world_size, cpu_threads).device_peak});
+    const MemoryPlan plan = plan_memory(shape, world_size, cpu_threads);
+    // On the cpu backend the weights I/O fills the master weights in place (docs/memory.md,
+    // "Host memory per rank"): only the offloaded checkpoints are apart.
+    const int64_t host_peak =
+        plan.host_checkpoints +
+        (config.device == Device::cuda ? plan.host_weights_io + plan.host_staging : 0);
+    plans.push_back({stage, plan.device_peak, host_peak});
   }
   return plans;
 }

@@ -47,6 +47,10 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads);
 struct StagePlan {
   SeqLenStage stage;  // batch_size resolved
   int64_t device_peak = 0;
+  // Host memory the plan keeps apart from the device categories: the offloaded checkpoints
+  // (on the cpu backend in the same memory as the rest), and on cuda the weights I/O and the
+  // pinned staging too.
+  int64_t host_peak = 0;
 };
 std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu_threads);
 

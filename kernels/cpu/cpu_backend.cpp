@@ -45,7 +45,7 @@ std::string CpuBackend::setup_note() const {
 }
 
 Backend::AvailableMemory CpuBackend::available_memory() const {
-  return {host_available_bytes(), true, "host memory: MemAvailable, or a memory cgroup's room"};
+  return {host_available_bytes(), true, kHostMemorySource};
 }
 
 void* CpuBackend::raw_alloc(size_t bytes) {

@@ -19,6 +19,10 @@ int64_t meminfo_available_bytes(const std::string& meminfo);
 int64_t cgroup_room_bytes(const std::string& limit, const std::string& usage,
                           const std::string& stat);
 
+// What host_available_bytes reads, as a run's memory check names it.
+inline constexpr const char* kHostMemorySource =
+    "host memory: MemAvailable, or a memory cgroup's room";
+
 // The smaller of MemAvailable and the room this process's memory cgroup leaves (v2 or v1);
 // 0 when none of them can be read.
 int64_t host_available_bytes();
