@@ -121,7 +121,7 @@ TEST(MachineFit, OneStageOneRankSaysNoScheduleAndNoSharing) {
   EXPECT_EQ(problem.find("--set train.batch_size"), std::string::npos) << problem;
 }
 
-// `ulysses-train eval` checks its own plan, a forward and the loss (plan_eval_peak), and
+// `ulysses-train eval` checks its own plan, a forward and the loss (plan_eval), and
 // advises the largest batch dividing train.batch_size that fits: with eval_steps scaled up it
 // reads the same sequences (tests/test_eval.cpp, SmallerBatchesReadTheSameSequences).
 Config eval_config(int batch_size) {
@@ -135,14 +135,16 @@ Config eval_config(int batch_size) {
 }
 
 TEST(EvalFit, AboveTheMemoryNamesTheLargestBatchThatReadsTheSameSequencesAndFits) {
-  const int64_t peak_of_3 = plan_eval_peak(eval_config(3), 1, 1);
-  const int64_t peak_of_6 = plan_eval_peak(eval_config(6), 1, 1);
+  const int64_t peak_of_3 = plan_eval(eval_config(3), 1, 1).device_peak;
+  const int64_t peak_of_6 = plan_eval(eval_config(6), 1, 1).device_peak;
   ASSERT_LT(peak_of_3, peak_of_6);
-  EXPECT_EQ(eval_fit_problem(eval_config(6), 1, 1, RankMemory{peak_of_6, "fixed", 1}), "");
-  EXPECT_EQ(eval_fit_problem(eval_config(6), 1, 1, RankMemory{}), "") << "memory not known";
+  EXPECT_EQ(eval_fit_problem(eval_config(6), 1, 1, RankMemory{peak_of_6, "fixed", 1}, RankMemory{}),
+            "");
+  EXPECT_EQ(eval_fit_problem(eval_config(6), 1, 1, RankMemory{}, RankMemory{}), "")
+      << "memory not known";
 
   const RankMemory between{(peak_of_3 + peak_of_6) / 2, "fixed", 2};
-  const std::string problem = eval_fit_problem(eval_config(6), 1, 1, between);
+  const std::string problem = eval_fit_problem(eval_config(6), 1, 1, between, RankMemory{});
   for (const std::string& part : std::vector<std::string>{
            "evaluating needs " + format_bytes(peak_of_6) +
                " per rank at the peak of a batch of 6 sequences of 256 tokens",
@@ -155,9 +157,9 @@ TEST(EvalFit, AboveTheMemoryNamesTheLargestBatchThatReadsTheSameSequencesAndFits
 }
 
 TEST(EvalFit, WhenNotEvenOneSequenceFitsItSaysSo) {
-  const int64_t peak_of_1 = plan_eval_peak(eval_config(1), 1, 1);
+  const int64_t peak_of_1 = plan_eval(eval_config(1), 1, 1).device_peak;
   const std::string problem =
-      eval_fit_problem(eval_config(4), 1, 1, RankMemory{peak_of_1 - 1, "fixed", 1});
+      eval_fit_problem(eval_config(4), 1, 1, RankMemory{peak_of_1 - 1, "fixed", 1}, RankMemory{});
   EXPECT_NE(problem.find("Even one sequence at a time does not fit"), std::string::npos) << problem;
   EXPECT_EQ(problem.find("--set train.batch_size"), std::string::npos) << problem;
 }
@@ -174,14 +176,16 @@ TEST(SampleFit, ThePlanIsTheRealForwardsPeakAndItsProblemNamesTheContext) {
   TokenSampler greedy(SamplingOptions{0.0, 0, 1});
   generate(model, context_len, {1, 2, 3}, 2, greedy);
   const double run = double(cpu.memory().stats().total_peak);
-  const int64_t plan = plan_sample_peak(config, context_len, 1);
+  const int64_t plan = plan_sample(config, context_len, 1).device_peak;
   EXPECT_NEAR(double(plan), run, 0.05 * run);
-  EXPECT_LT(plan, plan_sample_peak(config, 2 * context_len, 1));
+  EXPECT_LT(plan, plan_sample(config, 2 * context_len, 1).device_peak);
 
   const std::string context = "the prompt's 3 tokens and --max-new-tokens 197";
-  EXPECT_EQ(sample_fit_problem(config, context_len, context, 1, RankMemory{plan, "fixed", 1}), "");
-  const std::string problem =
-      sample_fit_problem(config, context_len, context, 1, RankMemory{plan - 1, "fixed", 1});
+  EXPECT_EQ(sample_fit_problem(config, context_len, context, 1, RankMemory{plan, "fixed", 1},
+                               RankMemory{}),
+            "");
+  const std::string problem = sample_fit_problem(config, context_len, context, 1,
+                                                 RankMemory{plan - 1, "fixed", 1}, RankMemory{});
   EXPECT_NE(problem.find("sampling needs " + format_bytes(plan) +
                          " at the peak of a forward over 200 tokens (" + context + ")"),
             std::string::npos)
@@ -259,6 +263,41 @@ TEST(HostFit, EachStagesHostPeakIsItsPlansHostMemory) {
     EXPECT_NE(std::string(error.what()).find("of host memory per rank"), std::string::npos)
         << error.what();
   }
+}
+
+// eval and sample hold offloaded layer inputs too: on the cpu in the same memory, on cuda in
+// the host memory beside the GPU, each checked where it is.
+TEST(EvalFit, OffloadedLayerInputsAreCheckedWhereTheyLive) {
+  Config config = eval_config(2);
+  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
+  config.memory.offload_checkpoints = true;
+  const StagePlan cpu = plan_eval(config, 1, 1);
+  ASSERT_GT(cpu.host_peak, 0);
+  const RankMemory between{cpu.device_peak + cpu.host_peak / 2, "fixed", 1};
+  const std::string problem = eval_fit_problem(config, 1, 1, between, RankMemory{});
+  EXPECT_NE(problem.find("evaluating needs " + format_bytes(cpu.device_peak + cpu.host_peak) +
+                         " per rank (" + format_bytes(cpu.host_peak) +
+                         " of it the layer inputs of memory.offload_checkpoints"),
+            std::string::npos)
+      << problem;
+
+  config.device = Device::cuda;
+  const StagePlan cuda = plan_eval(config, 1, 1);
+  ASSERT_GT(cuda.host_peak, 0);
+  const RankMemory gpu{cuda.device_peak, "fixed", 1};
+  EXPECT_EQ(eval_fit_problem(config, 1, 1, gpu, RankMemory{cuda.host_peak, "fixed", 1}), "");
+  const std::string host_problem =
+      eval_fit_problem(config, 1, 1, gpu, RankMemory{cuda.host_peak - 1, "fixed", 1});
+  EXPECT_NE(host_problem.find("evaluating needs " + format_bytes(cuda.host_peak) +
+                              " of host memory per rank for the layer inputs of "
+                              "memory.offload_checkpoints"),
+            std::string::npos)
+      << host_problem;
+  const std::string sample_problem =
+      sample_fit_problem(config, 256, "train.seq_len", 1, gpu,
+                         RankMemory{plan_sample(config, 256, 1).host_peak - 1, "fixed", 1});
+  EXPECT_NE(sample_problem.find("sampling needs "), std::string::npos) << sample_problem;
+  EXPECT_NE(sample_problem.find(" of host memory per rank"), std::string::npos) << sample_problem;
 }
 
 }  // namespace

@@ -41,6 +41,15 @@ std::string stage_shape(const StagePlan& plan, size_t stages) {
          (stages > 1 ? " (the train.seq_len_schedule stage " + stage_name(plan.stage) + ")" : "");
 }
 
+// On the cpu backend the offloaded layer inputs are host memory like the rest: " (2.00 GiB of
+// it the layer inputs of memory.offload_checkpoints, ...)", or "".
+std::string offloaded_share(const StagePlan& plan, const Config& config) {
+  if (config.device != Device::cpu || plan.host_peak == 0) return "";
+  return " (" + format_bytes(plan.host_peak) +
+         " of it the layer inputs of memory.offload_checkpoints, which on the cpu backend stay in "
+         "this memory)";
+}
+
 // "the 22.91 GiB this rank can have (host memory: ..., split among the 2 ranks that share it)"
 std::string rank_memory_text(const RankMemory& memory) {
   const std::string sharing =
@@ -49,6 +58,20 @@ std::string rank_memory_text(const RankMemory& memory) {
           : "";
   return "the " + format_bytes(memory.bytes) + " this rank can have (" + memory.source + sharing +
          ")";
+}
+
+// Why a cuda eval's or sample's offloaded layer inputs (plan.host_peak) do not fit the host
+// memory beside the GPU, or "".
+std::string offloaded_inputs_problem(const std::string& job, const StagePlan& plan,
+                                     const RankMemory& host_memory, const Config& config) {
+  if (config.device != Device::cuda || host_memory.bytes <= 0) return "";
+  if (plan.host_peak <= host_memory.bytes) return "";
+  return job + " needs " + format_bytes(plan.host_peak) +
+         " of host memory per rank for the layer inputs of memory.offload_checkpoints, more "
+         "than " +
+         rank_memory_text(host_memory) +
+         ": memory.offload_checkpoints: false keeps them on the GPU (docs/memory.md, \"Memory "
+         "the machine has\")";
 }
 
 }  // namespace
@@ -88,12 +111,6 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
     const int64_t need = planned_need(plan, config);
     if (need <= memory.bytes) continue;
     const std::string shape = stage_shape(plan, stages.size());
-    // On the cpu backend the offloaded layer inputs are host memory like the rest.
-    const std::string offloaded =
-        need > plan.device_peak ? " (" + format_bytes(need - plan.device_peak) +
-                                      " of it the layer inputs of memory.offload_checkpoints, "
-                                      "which on the cpu backend stay in this memory)"
-                                : "";
     char budget_gib[32];
     std::snprintf(budget_gib, sizeof budget_gib, "%.2f",
                   double(memory.bytes) / (1024.0 * 1024.0 * 1024.0));
@@ -103,8 +120,9 @@ std::string machine_fit_problem(const std::vector<StagePlan>& stages, const Rank
     command += " --seq " + std::to_string(plan.stage.seq_len) + " --sp " +
                std::to_string(config.parallel.sp) + " --world " + std::to_string(world_size) +
                " --device-gib " + budget_gib;
-    return "the memory plan needs " + format_bytes(need) + " per rank" + offloaded +
-           " at the step peak of " + shape + ", more than " + rank_memory_text(memory) +
+    return "the memory plan needs " + format_bytes(need) + " per rank" +
+           offloaded_share(plan, config) + " at the step peak of " + shape + ", more than " +
+           rank_memory_text(memory) +
            ": the run would run out of memory within its first step at that length. `" + command +
            "` lists the memory options that fit (docs/memory.md, \"The planner\"); with "
            "memory.limit_gib set, the run is checked against that budget instead";
@@ -154,16 +172,17 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
 }
 
 std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,
-                             const RankMemory& memory) {
-  if (memory.bytes <= 0) return "";
-  const int64_t peak = plan_eval_peak(config, world_size, cpu_threads);
-  if (peak <= memory.bytes) return "";
+                             const RankMemory& memory, const RankMemory& host_memory) {
+  const StagePlan plan = plan_eval(config, world_size, cpu_threads);
+  const int64_t need = planned_need(plan, config);
+  if (memory.bytes <= 0 || need <= memory.bytes)
+    return offloaded_inputs_problem("evaluating", plan, host_memory, config);
   const TrainConfig& train = config.train;
   std::string problem =
-      "evaluating needs " + format_bytes(peak) + " per rank at the peak of a batch of " +
-      std::to_string(train.batch_size) + " sequences of " + std::to_string(train.seq_len) +
-      " tokens (train.batch_size, train.seq_len), more than " + rank_memory_text(memory) +
-      ": the evaluation would run out of memory in its first batch. ";
+      "evaluating needs " + format_bytes(need) + " per rank" + offloaded_share(plan, config) +
+      " at the peak of a batch of " + std::to_string(train.batch_size) + " sequences of " +
+      std::to_string(train.seq_len) + " tokens (train.batch_size, train.seq_len), more than " +
+      rank_memory_text(memory) + ": the evaluation would run out of memory in its first batch. ";
   // Batches of a divisor of train.batch_size, eval_steps scaled up, read the same sequences
   // (core/train/evaluate.h): the largest that fits is the advice.
   Config smaller = config;
@@ -171,11 +190,11 @@ std::string eval_fit_problem(const Config& config, int world_size, int cpu_threa
     if (train.batch_size % batch != 0) continue;
     smaller.train.batch_size = batch;
     smaller.train.eval_steps = train.eval_steps * (train.batch_size / batch);
-    const int64_t smaller_peak = plan_eval_peak(smaller, world_size, cpu_threads);
-    if (smaller_peak > memory.bytes) continue;
+    const int64_t smaller_need = planned_need(plan_eval(smaller, world_size, cpu_threads), config);
+    if (smaller_need > memory.bytes) continue;
     return problem + "--set train.batch_size=" + std::to_string(batch) +
            " --set train.eval_steps=" + std::to_string(smaller.train.eval_steps) +
-           " reads the same sequences in batches that fit (" + format_bytes(smaller_peak) +
+           " reads the same sequences in batches that fit (" + format_bytes(smaller_need) +
            " planned; docs/evaluation.md)";
   }
   return problem +
@@ -184,33 +203,38 @@ std::string eval_fit_problem(const Config& config, int world_size, int cpu_threa
          "(docs/memory.md, \"The planner\")";
 }
 
-void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory) {
-  std::string error;
-  if (memory_limit_bytes(config) == 0)
-    error = eval_fit_problem(config, world.size(), cpu_threads, memory);
-  agree_on_failure(world, error, ExitCode::runtime);
+void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory,
+                     const RankMemory& host_memory) {
+  const bool limited = memory_limit_bytes(config) > 0;
+  agree_on_failure(world,
+                   eval_fit_problem(config, world.size(), cpu_threads,
+                                    limited ? RankMemory{} : memory, host_memory),
+                   ExitCode::runtime);
 }
 
 std::string sample_fit_problem(const Config& config, int64_t context_len,
                                const std::string& context, int cpu_threads,
-                               const RankMemory& memory) {
-  if (memory.bytes <= 0) return "";
-  const int64_t peak = plan_sample_peak(config, context_len, cpu_threads);
-  if (peak <= memory.bytes) return "";
-  return "sampling needs " + format_bytes(peak) + " at the peak of a forward over " +
-         std::to_string(context_len) + " tokens (" + context + "), more than " +
-         rank_memory_text(memory) +
+                               const RankMemory& memory, const RankMemory& host_memory) {
+  const StagePlan plan = plan_sample(config, context_len, cpu_threads);
+  const int64_t need = planned_need(plan, config);
+  if (memory.bytes <= 0 || need <= memory.bytes)
+    return offloaded_inputs_problem("sampling", plan, host_memory, config);
+  return "sampling needs " + format_bytes(need) + offloaded_share(plan, config) +
+         " at the peak of a forward over " + std::to_string(context_len) + " tokens (" + context +
+         "), more than " + rank_memory_text(memory) +
          ": it would run out of memory in its first forward. A shorter context needs less, and "
          "memory.activation_checkpointing: layer keeps one layer's activations (docs/memory.md, "
          "\"The planner\")";
 }
 
 void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
-                       const std::string& context, int cpu_threads, const RankMemory& memory) {
-  std::string error;
-  if (memory_limit_bytes(config) == 0)
-    error = sample_fit_problem(config, context_len, context, cpu_threads, memory);
-  agree_on_failure(world, error, ExitCode::runtime);
+                       const std::string& context, int cpu_threads, const RankMemory& memory,
+                       const RankMemory& host_memory) {
+  const bool limited = memory_limit_bytes(config) > 0;
+  agree_on_failure(world,
+                   sample_fit_problem(config, context_len, context, cpu_threads,
+                                      limited ? RankMemory{} : memory, host_memory),
+                   ExitCode::runtime);
 }
 
 }  // namespace ulysses

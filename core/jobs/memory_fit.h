@@ -63,25 +63,29 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
                       const std::string& plan_command, const RankMemory& memory,
                       const RankMemory& host_memory);
 
-// Why `ulysses-train eval` of config on world_size ranks does not fit the rank's memory
-// (its planned peak, plan_eval_peak), or "" when it does or memory is not known. The message
+// Why `ulysses-train eval` of config on world_size ranks does not fit the rank's memory (its
+// plan, plan_eval, as planned_need counts it; not checked when memory.bytes is 0), or, on
+// cuda, why its offloaded layer inputs do not fit host_memory; "" when it fits. The message
 // names the largest batch that reads the same sequences and fits, where one does.
 std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,
-                             const RankMemory& memory);
+                             const RankMemory& memory, const RankMemory& host_memory);
 
-// Collective: eval_fit_problem, unless memory.limit_gib caps the tracked memory instead;
-// every rank throws JobError(runtime) with it before the model is built.
-void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory);
+// Collective: eval_fit_problem, the rank's memory unchecked when memory.limit_gib caps the
+// tracked memory instead; every rank throws JobError(runtime) with it before the model is
+// built.
+void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory,
+                     const RankMemory& host_memory);
 
 // Why `ulysses-train sample` over a context of context_len tokens (described by `context`,
-// e.g. "the prompt's 12 tokens and --max-new-tokens 64") does not fit the rank's memory (its
-// planned peak, plan_sample_peak), or "".
+// e.g. "the prompt's 12 tokens and --max-new-tokens 64") does not fit, as eval_fit_problem
+// (its plan: plan_sample), or "".
 std::string sample_fit_problem(const Config& config, int64_t context_len,
                                const std::string& context, int cpu_threads,
-                               const RankMemory& memory);
+                               const RankMemory& memory, const RankMemory& host_memory);
 
 // Collective: sample_fit_problem, as check_eval_fits.
 void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
-                       const std::string& context, int cpu_threads, const RankMemory& memory);
+                       const std::string& context, int cpu_threads, const RankMemory& memory,
+                       const RankMemory& host_memory);
 
 }  // namespace ulysses

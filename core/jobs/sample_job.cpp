@@ -75,7 +75,7 @@ SampleModel load_sample_model(const SampleOptions& options, const Config& config
   Comm& world = *job.mesh.world;
   const OpenedWeights weights = open_weight_source(options.weights, config.model, world);
   check_sample_fits(world, config, context_len, context, omp_get_max_threads(),
-                    rank_memory(world, *job.backend));
+                    rank_memory(world, *job.backend), host_rank_memory(world));
   SampleModel sample{weights.path, std::make_unique<Model>(config, *job.backend, *job.mesh.sp,
                                                            world, 1, context_len)};
   load_opened_weights(weights, *sample.model);

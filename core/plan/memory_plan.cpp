@@ -93,8 +93,8 @@ namespace {
 // The model `eval` or `sample` builds for micro-batches of batch_size sequences of seq_len
 // tokens (split over parallel.sp), and one forward of them with the loss, or with the logits
 // of one row as a sampler reads them.
-int64_t plan_forward_peak(const Config& config, int world_size, int cpu_threads, int64_t batch_size,
-                          int64_t seq_len, bool logits) {
+StagePlan plan_forward(const Config& config, int world_size, int cpu_threads, int64_t batch_size,
+                       int64_t seq_len, bool logits) {
   PlanningBackend backend = planning_backend(config, cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
   const Mesh& mesh = planned.mesh;
@@ -108,18 +108,20 @@ int64_t plan_forward_peak(const Config& config, int world_size, int cpu_threads,
     model.logits(batch, {0});
   else
     model.evaluate(batch);
-  return backend.memory().stats().total_peak;
+  const MemoryStats& stats = backend.memory().stats();
+  return {
+      {seq_len, 0, batch_size}, stats.total_peak, stats.peak[int(MemCategory::checkpoints_host)]};
 }
 
 }  // namespace
 
-int64_t plan_eval_peak(const Config& config, int world_size, int cpu_threads) {
-  return plan_forward_peak(config, world_size, cpu_threads, config.train.batch_size,
-                           config.train.seq_len, false);
+StagePlan plan_eval(const Config& config, int world_size, int cpu_threads) {
+  return plan_forward(config, world_size, cpu_threads, config.train.batch_size,
+                      config.train.seq_len, false);
 }
 
-int64_t plan_sample_peak(const Config& config, int64_t context_len, int cpu_threads) {
-  return plan_forward_peak(config, 1, cpu_threads, 1, context_len, true);
+StagePlan plan_sample(const Config& config, int64_t context_len, int cpu_threads) {
+  return plan_forward(config, 1, cpu_threads, 1, context_len, true);
 }
 
 }  // namespace ulysses

@@ -54,13 +54,14 @@ struct StagePlan {
 };
 std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu_threads);
 
-// The tracked peak per rank of `ulysses-train eval` for config on world_size ranks: the model
-// it builds and one batch's forward and loss (Model::evaluate), without the gradients'
-// traffic, the backward and the optimizer's step that a training step adds.
-int64_t plan_eval_peak(const Config& config, int world_size, int cpu_threads);
+// `ulysses-train eval` of config on world_size ranks as a stage of its own shape (train.seq_len
+// x train.batch_size): the model it builds and one batch's forward and loss (Model::evaluate),
+// without the gradients' traffic, the backward and the optimizer's step that a training step
+// adds. Its host part is the offloaded layer inputs (memory.offload_checkpoints).
+StagePlan plan_eval(const Config& config, int world_size, int cpu_threads);
 
-// The tracked peak of `ulysses-train sample` (one rank, parallel.sp 1) over a context of
-// context_len tokens: the model it builds and one forward with a row of logits.
-int64_t plan_sample_peak(const Config& config, int64_t context_len, int cpu_threads);
+// `ulysses-train sample` (one rank, parallel.sp 1) over a context of context_len tokens, as
+// plan_eval: the model it builds and one forward with a row of logits.
+StagePlan plan_sample(const Config& config, int64_t context_len, int cpu_threads);
 
 }  // namespace ulysses

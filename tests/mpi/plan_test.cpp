@@ -109,7 +109,7 @@ TEST_F(PlanAgainstRuns, PeakOfEveryCategoryWithinFivePercent) {
   EXPECT_GE(planned, 5);
 }
 
-// `ulysses-train eval`'s plan (plan_eval_peak) against the tracked peak of a real model built
+// `ulysses-train eval`'s plan (plan_eval) against the tracked peak of a real model built
 // as the eval job builds it and evaluating a batch: the check that refuses an evaluation too
 // large for the machine is only as good as this plan. A training step holds more (gradients'
 // traffic, backward, the optimizer), so the eval plan is also below the training plan.
@@ -135,10 +135,14 @@ TEST_F(PlanAgainstRuns, EvalPeakWithinFivePercentOfARealEvaluation) {
                                                  config.model.vocab_size, config.train.seed);
     evaluate_model(model, *data, mesh, config.train.batch_size, config.train.seq_len, 2);
     const double run = double(backend->memory().stats().total_peak);
-    const int64_t plan = plan_eval_peak(config, world().size(), 1);
+    const StagePlan plan = plan_eval(config, world().size(), 1);
     ++planned;
-    EXPECT_NEAR(double(plan), run, 0.05 * run) << describe(point) << " on rank " << world().rank();
-    EXPECT_LT(plan, plan_memory(config, world().size(), 1).device_peak) << describe(point);
+    EXPECT_NEAR(double(plan.device_peak), run, 0.05 * run)
+        << describe(point) << " on rank " << world().rank();
+    EXPECT_EQ(plan.host_peak, backend->memory().stats().peak[int(MemCategory::checkpoints_host)])
+        << describe(point) << ": offloaded layer inputs";
+    EXPECT_LT(plan.device_peak, plan_memory(config, world().size(), 1).device_peak)
+        << describe(point);
   }
   EXPECT_GE(planned, 3);
 }
