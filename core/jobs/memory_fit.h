@@ -38,9 +38,8 @@ RankMemory host_rank_memory(Comm& world);
 int64_t planned_need(const StagePlan& plan, const Config& config);
 
 // Why the stages of config on world_size ranks do not fit the rank's memory, or "" when every
-// planned step peak (planned_need) does. plan_command ("ulysses-train plan --config FILE" with the
-// job's
-// --set overrides) starts the command the message suggests.
+// planned step peak (planned_need) does. plan_command ("ulysses-train plan --config FILE" with
+// the job's --set overrides) starts the command the message suggests.
 std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
                                 const Config& config, int world_size,
                                 const std::string& plan_command);
