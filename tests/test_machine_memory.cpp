@@ -12,6 +12,7 @@
 #include "core/jobs/memory_fit.h"
 #include "core/model/model.h"
 #include "core/plan/memory_plan.h"
+#include "core/plan/plan_search.h"
 #include "core/train/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/host_memory.h"
@@ -298,6 +299,31 @@ TEST(EvalFit, OffloadedLayerInputsAreCheckedWhereTheyLive) {
                          RankMemory{plan_sample(config, 256, 1).host_peak - 1, "fixed", 1});
   EXPECT_NE(sample_problem.find("sampling needs "), std::string::npos) << sample_problem;
   EXPECT_NE(sample_problem.find(" of host memory per rank"), std::string::npos) << sample_problem;
+}
+
+// `plan` checks its budget against what the rank's memory must hold: on the cpu backend the
+// offloaded layer inputs too, which it used to leave out (so "FITS" with offload on, and
+// "cheapest options that fit: ... + offload", on a cpu where offloading moves nothing).
+TEST(PlanFit, OnTheCpuTheBudgetHoldsTheOffloadedInputsAndOffloadIsNoAdvice) {
+  Config config = eval_config(2);
+  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
+  config.memory.offload_checkpoints = true;
+  const MemoryPlan cpu = plan_memory(config, 1, 1);
+  ASSERT_GT(cpu.host_checkpoints, 0);
+  EXPECT_EQ(cpu.rank_need, cpu.device_peak + cpu.host_checkpoints);
+  auto names = [](const std::vector<OptionSet>& ladder) {
+    std::string all;
+    for (const OptionSet& options : ladder) all += options.name + "; ";
+    return all;
+  };
+  EXPECT_EQ(names(option_ladder(config, 2)).find("offload"), std::string::npos)
+      << names(option_ladder(config, 2));
+
+  config.device = Device::cuda;
+  const MemoryPlan cuda = plan_memory(config, 1, 1);
+  EXPECT_EQ(cuda.rank_need, cuda.device_peak) << "on cuda the offloaded inputs are not the GPU's";
+  EXPECT_NE(names(option_ladder(config, 2)).find("offload"), std::string::npos)
+      << names(option_ladder(config, 2));
 }
 
 }  // namespace

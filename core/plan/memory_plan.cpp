@@ -40,6 +40,9 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   const MemoryStats& stats = backend.memory().stats();
   plan.peak = stats.peak;
   plan.device_peak = stats.total_peak;
+  plan.rank_need =
+      plan.device_peak +
+      (config.device == Device::cpu ? stats.peak[int(MemCategory::checkpoints_host)] : 0);
   plan.num_params = trainer.model().num_params();
   const ZeroState& state = trainer.model().state();
   plan.zero_stage = state.stage();

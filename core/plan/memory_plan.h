@@ -20,6 +20,10 @@ struct MemoryPlan {
   std::array<int64_t, kNumMemCategories> persistent{};
   std::array<int64_t, kNumMemCategories> peak{};
   int64_t device_peak = 0;  // device categories together (what memory.limit_gib caps)
+  // What the rank's memory must hold at the peak: device_peak, and on the cpu backend, whose
+  // device memory is the host's, the offloaded checkpoints too (docs/memory.md, "Memory the
+  // machine has"). What `plan` checks against its budget.
+  int64_t rank_need = 0;
   int64_t num_params = 0;
   // ZeRO as the trainer built it (a world of one rank is stage 0): its units of the flat
   // buffer and the parameters of state this rank owns (docs/memory.md, "ZeRO").

@@ -65,15 +65,22 @@ void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarge
   out << "  as configured (" << options_of(point.config) << "), device "
       << name_of(point.config.device) << ", " << point.plan.num_params << " parameters:\n";
   print_memory_plan(out, point.plan);
-  const int64_t margin = target.budget_bytes - point.plan.device_peak;
+  const int64_t margin = target.budget_bytes - point.plan.rank_need;
+  const std::string offloaded =
+      point.plan.rank_need > point.plan.device_peak
+          ? " (the device total and " +
+                format_bytes(point.plan.rank_need - point.plan.device_peak) +
+                " of offloaded layer inputs, the same host memory on the cpu backend)"
+          : "";
   out << "  " << (point.fits ? "FITS" : "DOES NOT FIT") << ": peak "
-      << format_bytes(point.plan.device_peak) << " of " << format_bytes(target.budget_bytes)
+      << format_bytes(point.plan.rank_need) << offloaded << " of "
+      << format_bytes(target.budget_bytes)
       << (point.fits ? " (" + format_bytes(margin) + " to spare)"
                      : " (" + format_bytes(-margin) + " over)")
       << "\n";
   if (point.cheapest)
     out << "  cheapest options that fit: " << point.cheapest->name << " (peak "
-        << format_bytes(point.cheapest_plan.device_peak) << ", all-to-all "
+        << format_bytes(point.cheapest_plan.rank_need) << ", all-to-all "
         << format_bytes(point.cheapest_plan.all_to_all_bytes) << " per step)\n";
   else
     out << "  no option set fits: more sp ranks, a shorter sequence or a larger device\n";
@@ -100,9 +107,9 @@ void print_ring_splits(std::ostream& out, const PlanTarget& target, int64_t seq_
       validate_for_world(config, target.world_size);
       const MemoryPlan plan = plan_memory(config, target.world_size, target.cpu_threads);
       const int64_t both = plan.all_to_all_bytes + plan.ring_bytes;
-      const bool fits = plan.device_peak <= target.budget_bytes;
+      const bool fits = plan.rank_need <= target.budget_bytes;
       std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s %12s  %s\n", split.c_str(),
-                    format_bytes(plan.device_peak).c_str(),
+                    format_bytes(plan.rank_need).c_str(),
                     format_bytes(plan.all_to_all_bytes).c_str(),
                     format_bytes(plan.ring_bytes).c_str(), format_bytes(both).c_str(),
                     fits ? "fits" : "does not fit");

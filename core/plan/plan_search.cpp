@@ -30,7 +30,7 @@ Config config_at(const PlanTarget& target, int64_t seq_len, int sp,
 }
 
 bool fits(const MemoryPlan& plan, int64_t budget_bytes) {
-  return plan.device_peak <= budget_bytes;
+  return plan.rank_need <= budget_bytes;
 }
 
 }  // namespace
@@ -61,7 +61,8 @@ std::vector<OptionSet> option_ladder(const Config& config, int world_size) {
   if (chunks.back() > 1)
     add("head chunks " + std::to_string(chunks.back()),
         "parallel.head_chunks=" + std::to_string(chunks.back()));
-  add("offload", "memory.offload_checkpoints=true");
+  // On the cpu backend offloading moves nothing: the layer inputs are host memory either way.
+  if (config.device == Device::cuda) add("offload", "memory.offload_checkpoints=true");
   return ladder;
 }
 
