@@ -81,22 +81,30 @@ Config two_stage_config() {
 
 const std::string kPlan = "ulysses-train plan --config c.yaml";
 
+// A planned stage as plan_stages makes it: what the rank needs from its device peak and its
+// host part.
+StagePlan planned(SeqLenStage stage, int64_t device_peak, int64_t host_peak = 0,
+                  Device device = Device::cpu) {
+  return {stage, device_peak, rank_need(device, device_peak, host_peak), host_peak};
+}
+
 TEST(MachineFit, StagesWithinTheRanksMemoryPass) {
   const RankMemory memory{10 * kGiB, "host memory", 1};
-  EXPECT_EQ(machine_fit_problem({{{4096, 0, 4}, 3 * kGiB}, {{8192, 100, 4}, 10 * kGiB}}, memory,
-                                two_stage_config(), 2, kPlan),
-            "");
+  EXPECT_EQ(
+      machine_fit_problem({planned({4096, 0, 4}, 3 * kGiB), planned({8192, 100, 4}, 10 * kGiB)},
+                          memory, two_stage_config(), 2, kPlan),
+      "");
   // Unknown memory (the planning and emulated backends): nothing to check against.
-  EXPECT_EQ(machine_fit_problem({{{8192, 0, 4}, 1000 * kGiB}}, RankMemory{}, two_stage_config(), 2,
-                                kPlan),
+  EXPECT_EQ(machine_fit_problem({planned({8192, 0, 4}, 1000 * kGiB)}, RankMemory{},
+                                two_stage_config(), 2, kPlan),
             "");
 }
 
 TEST(MachineFit, AStageAboveItIsNamedWithBothSizesAndThePlanCommand) {
   const RankMemory memory{10 * kGiB, "host memory", 4};
   const std::string problem =
-      machine_fit_problem({{{4096, 0, 4}, 3 * kGiB}, {{65536, 100, 1}, 12 * kGiB}}, memory,
-                          two_stage_config(), 8, kPlan);
+      machine_fit_problem({planned({4096, 0, 4}, 3 * kGiB), planned({65536, 100, 1}, 12 * kGiB)},
+                          memory, two_stage_config(), 8, kPlan);
   for (const std::string part :
        {"the memory plan needs 12.00 GiB per rank at the step peak of 65536 tokens x batch 1",
         "(the train.seq_len_schedule stage 65536x1@100)", "more than the 10.00 GiB",
@@ -111,7 +119,7 @@ TEST(MachineFit, AStageAboveItIsNamedWithBothSizesAndThePlanCommand) {
 TEST(MachineFit, OneStageOneRankSaysNoScheduleAndNoSharing) {
   const RankMemory memory{kGiB / 2, "the GPU's free memory", 1};
   const std::string problem =
-      machine_fit_problem({{{4096, 0, 4}, kGiB}}, memory, two_stage_config(), 1, kPlan);
+      machine_fit_problem({planned({4096, 0, 4}, kGiB)}, memory, two_stage_config(), 1, kPlan);
   EXPECT_NE(problem.find("1.00 GiB per rank at the step peak of 4096 tokens x batch 4, more "
                          "than the 512.00 MiB this rank can have (the GPU's free memory)"),
             std::string::npos)
@@ -201,7 +209,7 @@ TEST(MachineFit, OnTheCpuTheOffloadedLayerInputsCountInTheSameMemory) {
   const RankMemory memory{4 * kGiB, "host memory", 1};
   Config cpu = two_stage_config();
   const std::string problem =
-      machine_fit_problem({{{4096, 0, 4}, 3 * kGiB, 2 * kGiB}}, memory, cpu, 1, kPlan);
+      machine_fit_problem({planned({4096, 0, 4}, 3 * kGiB, 2 * kGiB)}, memory, cpu, 1, kPlan);
   EXPECT_NE(problem.find("needs 5.00 GiB per rank (2.00 GiB of it the layer inputs of "
                          "memory.offload_checkpoints, which on the cpu backend stay in this "
                          "memory) at the step peak of 4096 tokens x batch 4"),
@@ -209,8 +217,10 @@ TEST(MachineFit, OnTheCpuTheOffloadedLayerInputsCountInTheSameMemory) {
       << problem;
   Config cuda = two_stage_config();
   cuda.device = Device::cuda;
-  EXPECT_EQ(machine_fit_problem({{{4096, 0, 4}, 3 * kGiB, 2 * kGiB}}, memory, cuda, 1, kPlan), "");
-  EXPECT_EQ(host_fit_problem({{{4096, 0, 4}, 3 * kGiB, 2 * kGiB}}, memory, cpu), "")
+  EXPECT_EQ(machine_fit_problem({planned({4096, 0, 4}, 3 * kGiB, 2 * kGiB, Device::cuda)}, memory,
+                                cuda, 1, kPlan),
+            "");
+  EXPECT_EQ(host_fit_problem({planned({4096, 0, 4}, 3 * kGiB, 2 * kGiB)}, memory, cpu), "")
       << "the cpu backend's one memory is machine_fit_problem's";
 }
 
@@ -218,10 +228,16 @@ TEST(HostFit, ACudaStageAboveTheHostsShareIsNamedWithTheOffloadAdvice) {
   Config cuda = two_stage_config();
   cuda.device = Device::cuda;
   const RankMemory host{10 * kGiB, "host memory", 8};
-  EXPECT_EQ(host_fit_problem({{{4096, 0, 4}, 70 * kGiB, 10 * kGiB}}, host, cuda), "");
-  EXPECT_EQ(host_fit_problem({{{4096, 0, 4}, kGiB, 1000 * kGiB}}, RankMemory{}, cuda), "");
-  const std::string problem = host_fit_problem(
-      {{{4096, 0, 4}, kGiB, kGiB}, {{1 << 20, 100, 1}, 70 * kGiB, 211 * kGiB}}, host, cuda);
+  EXPECT_EQ(
+      host_fit_problem({planned({4096, 0, 4}, 70 * kGiB, 10 * kGiB, Device::cuda)}, host, cuda),
+      "");
+  EXPECT_EQ(host_fit_problem({planned({4096, 0, 4}, kGiB, 1000 * kGiB, Device::cuda)}, RankMemory{},
+                             cuda),
+            "");
+  const std::string problem =
+      host_fit_problem({planned({4096, 0, 4}, kGiB, kGiB, Device::cuda),
+                        planned({1 << 20, 100, 1}, 70 * kGiB, 211 * kGiB, Device::cuda)},
+                       host, cuda);
   for (const std::string part :
        {"needs 211.00 GiB of host memory per rank at the step peak of 1048576 tokens x batch 1 "
         "(the train.seq_len_schedule stage 1048576x1@100)",
@@ -245,6 +261,7 @@ TEST(HostFit, EachStagesHostPeakIsItsPlansHostMemory) {
     const std::vector<StagePlan> stages = plan_stages(config, 1, 1);
     ASSERT_EQ(stages.size(), 1u);
     EXPECT_EQ(stages[0].device_peak, plan.device_peak);
+    EXPECT_EQ(stages[0].rank_need, plan.rank_need);
     EXPECT_EQ(stages[0].host_peak,
               device == Device::cuda
                   ? plan.host_checkpoints + plan.host_weights_io + plan.host_staging

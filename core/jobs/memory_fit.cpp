@@ -99,16 +99,12 @@ RankMemory host_rank_memory(Comm& world) {
   return memory;
 }
 
-int64_t planned_need(const StagePlan& plan, const Config& config) {
-  return plan.device_peak + (config.device == Device::cpu ? plan.host_peak : 0);
-}
-
 std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
                                 const Config& config, int world_size,
                                 const std::string& plan_command) {
   if (memory.bytes <= 0) return "";
   for (const StagePlan& plan : stages) {
-    const int64_t need = planned_need(plan, config);
+    const int64_t need = plan.rank_need;
     if (need <= memory.bytes) continue;
     const std::string shape = stage_shape(plan, stages.size());
     char budget_gib[32];
@@ -163,7 +159,7 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
   if (error.empty()) error = host_fit_problem(stages, host_memory, config);
   if (error.empty() && check_machine && world.rank() == 0) {
     int64_t peak = 0;
-    for (const StagePlan& stage : stages) peak = std::max(peak, planned_need(stage, config));
+    for (const StagePlan& stage : stages) peak = std::max(peak, stage.rank_need);
     spdlog::info("memory: planned step peak {} per rank, {:.1f}% of the {} this rank can have ({})",
                  format_bytes(peak), 100.0 * double(peak) / double(memory.bytes),
                  format_bytes(memory.bytes), memory.source);
@@ -174,7 +170,7 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
 std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,
                              const RankMemory& memory, const RankMemory& host_memory) {
   const StagePlan plan = plan_eval(config, world_size, cpu_threads);
-  const int64_t need = planned_need(plan, config);
+  const int64_t need = plan.rank_need;
   if (memory.bytes <= 0 || need <= memory.bytes)
     return offloaded_inputs_problem("evaluating", plan, host_memory, config);
   const TrainConfig& train = config.train;
@@ -190,7 +186,7 @@ std::string eval_fit_problem(const Config& config, int world_size, int cpu_threa
     if (train.batch_size % batch != 0) continue;
     smaller.train.batch_size = batch;
     smaller.train.eval_steps = train.eval_steps * (train.batch_size / batch);
-    const int64_t smaller_need = planned_need(plan_eval(smaller, world_size, cpu_threads), config);
+    const int64_t smaller_need = plan_eval(smaller, world_size, cpu_threads).rank_need;
     if (smaller_need > memory.bytes) continue;
     return problem + "--set train.batch_size=" + std::to_string(batch) +
            " --set train.eval_steps=" + std::to_string(smaller.train.eval_steps) +
@@ -216,7 +212,7 @@ std::string sample_fit_problem(const Config& config, int64_t context_len,
                                const std::string& context, int cpu_threads,
                                const RankMemory& memory, const RankMemory& host_memory) {
   const StagePlan plan = plan_sample(config, context_len, cpu_threads);
-  const int64_t need = planned_need(plan, config);
+  const int64_t need = plan.rank_need;
   if (memory.bytes <= 0 || need <= memory.bytes)
     return offloaded_inputs_problem("sampling", plan, host_memory, config);
   return "sampling needs " + format_bytes(need) + offloaded_share(plan, config) +

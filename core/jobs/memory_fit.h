@@ -33,12 +33,8 @@ RankMemory rank_memory(Comm& world, const Backend& backend);
 // available memory divided among the ranks on its node.
 RankMemory host_rank_memory(Comm& world);
 
-// What a stage needs of the rank's memory: its device peak, and on the cpu backend, whose
-// device memory is the host's, the offloaded checkpoints too.
-int64_t planned_need(const StagePlan& plan, const Config& config);
-
 // Why the stages of config on world_size ranks do not fit the rank's memory, or "" when every
-// planned step peak (planned_need) does. plan_command ("ulysses-train plan --config FILE" with
+// planned step peak (rank_need) does. plan_command ("ulysses-train plan --config FILE" with
 // the job's --set overrides) starts the command the message suggests.
 std::string machine_fit_problem(const std::vector<StagePlan>& stages, const RankMemory& memory,
                                 const Config& config, int world_size,
@@ -63,7 +59,7 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
                       const RankMemory& host_memory);
 
 // Why `ulysses-train eval` of config on world_size ranks does not fit the rank's memory (its
-// plan, plan_eval, as planned_need counts it; not checked when memory.bytes is 0), or, on
+// plan_eval's rank_need; not checked when memory.bytes is 0), or, on
 // cuda, why its offloaded layer inputs do not fit host_memory; "" when it fits. The message
 // names the largest batch that reads the same sequences and fits, where one does.
 std::string eval_fit_problem(const Config& config, int world_size, int cpu_threads,

@@ -24,6 +24,10 @@ PlanningBackend planning_backend(const Config& config, int cpu_threads) {
 
 }  // namespace
 
+int64_t rank_need(Device device, int64_t device_peak, int64_t offloaded_checkpoints) {
+  return device_peak + (device == Device::cpu ? offloaded_checkpoints : 0);
+}
+
 MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   PlanningBackend backend = planning_backend(config, cpu_threads);
   PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
@@ -41,8 +45,7 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads) {
   plan.peak = stats.peak;
   plan.device_peak = stats.total_peak;
   plan.rank_need =
-      plan.device_peak +
-      (config.device == Device::cpu ? stats.peak[int(MemCategory::checkpoints_host)] : 0);
+      rank_need(config.device, plan.device_peak, stats.peak[int(MemCategory::checkpoints_host)]);
   plan.num_params = trainer.model().num_params();
   const ZeroState& state = trainer.model().state();
   plan.zero_stage = state.stage();
@@ -86,7 +89,7 @@ std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu
     const int64_t host_peak =
         plan.host_checkpoints +
         (config.device == Device::cuda ? plan.host_weights_io + plan.host_staging : 0);
-    plans.push_back({stage, plan.device_peak, host_peak});
+    plans.push_back({stage, plan.device_peak, plan.rank_need, host_peak});
   }
   return plans;
 }
@@ -112,8 +115,11 @@ StagePlan plan_forward(const Config& config, int world_size, int cpu_threads, in
   else
     model.evaluate(batch);
   const MemoryStats& stats = backend.memory().stats();
-  return {
-      {seq_len, 0, batch_size}, stats.total_peak, stats.peak[int(MemCategory::checkpoints_host)]};
+  const int64_t offloaded = stats.peak[int(MemCategory::checkpoints_host)];
+  return {{seq_len, 0, batch_size},
+          stats.total_peak,
+          rank_need(config.device, stats.total_peak, offloaded),
+          offloaded};
 }
 
 }  // namespace

@@ -14,6 +14,11 @@
 
 namespace ulysses {
 
+// What a rank's memory must hold at a peak: the device categories' device_peak, and on the cpu
+// backend, whose device memory is the host's, the offloaded checkpoints too (docs/memory.md,
+// "Memory the machine has").
+int64_t rank_need(Device device, int64_t device_peak, int64_t offloaded_checkpoints);
+
 struct MemoryPlan {
   // Per rank, by category: after the trainer is built (persistent buffers), and the peak
   // of a step (what the metrics file reports as mem_peak_bytes).
@@ -51,6 +56,7 @@ MemoryPlan plan_memory(const Config& config, int world_size, int cpu_threads);
 struct StagePlan {
   SeqLenStage stage;  // batch_size resolved
   int64_t device_peak = 0;
+  int64_t rank_need = 0;  // as MemoryPlan::rank_need
   // Host memory the plan keeps apart from the device categories: the offloaded checkpoints
   // (on the cpu backend in the same memory as the rest), and on cuda the weights I/O and the
   // pinned staging too.
