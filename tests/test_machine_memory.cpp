@@ -143,6 +143,14 @@ Config eval_config(int batch_size) {
       {}, "eval.yaml");
 }
 
+// eval_config with layer checkpointing and its layer inputs offloaded.
+Config offloaded_config() {
+  Config config = eval_config(2);
+  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
+  config.memory.offload_checkpoints = true;
+  return config;
+}
+
 TEST(EvalFit, AboveTheMemoryNamesTheLargestBatchThatReadsTheSameSequencesAndFits) {
   const int64_t peak_of_3 = plan_eval(eval_config(3), 1, 1).device_peak;
   const int64_t peak_of_6 = plan_eval(eval_config(6), 1, 1).device_peak;
@@ -251,9 +259,7 @@ TEST(HostFit, ACudaStageAboveTheHostsShareIsNamedWithTheOffloadAdvice) {
 // the master weights in place). And a cuda run is held to its host's memory whatever
 // memory.limit_gib says, before it builds anything.
 TEST(HostFit, EachStagesHostPeakIsItsPlansHostMemory) {
-  Config config = eval_config(2);
-  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
-  config.memory.offload_checkpoints = true;
+  Config config = offloaded_config();
   for (const Device device : {Device::cpu, Device::cuda}) {
     config.device = device;
     const MemoryPlan plan = plan_memory(config, 1, 1);
@@ -286,9 +292,7 @@ TEST(HostFit, EachStagesHostPeakIsItsPlansHostMemory) {
 // eval and sample hold offloaded layer inputs too: on the cpu in the same memory, on cuda in
 // the host memory beside the GPU, each checked where it is.
 TEST(EvalFit, OffloadedLayerInputsAreCheckedWhereTheyLive) {
-  Config config = eval_config(2);
-  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
-  config.memory.offload_checkpoints = true;
+  Config config = offloaded_config();
   const StagePlan cpu = plan_eval(config, 1, 1);
   ASSERT_GT(cpu.host_peak, 0);
   const RankMemory between{cpu.device_peak + cpu.host_peak / 2, "fixed", 1};
@@ -322,9 +326,7 @@ TEST(EvalFit, OffloadedLayerInputsAreCheckedWhereTheyLive) {
 // offloaded layer inputs too, which it used to leave out (so "FITS" with offload on, and
 // "cheapest options that fit: ... + offload", on a cpu where offloading moves nothing).
 TEST(PlanFit, OnTheCpuTheBudgetHoldsTheOffloadedInputsAndOffloadIsNoAdvice) {
-  Config config = eval_config(2);
-  config.memory.activation_checkpointing = ActivationCheckpointing::layer;
-  config.memory.offload_checkpoints = true;
+  Config config = offloaded_config();
   const MemoryPlan cpu = plan_memory(config, 1, 1);
   ASSERT_GT(cpu.host_checkpoints, 0);
   EXPECT_EQ(cpu.rank_need, cpu.device_peak + cpu.host_checkpoints);

@@ -22,6 +22,32 @@ PlanningBackend planning_backend(const Config& config, int cpu_threads) {
   return PlanningBackend(config.device, attention, cpu_threads);
 }
 
+// The model `eval` or `sample` builds for micro-batches of batch_size sequences of seq_len
+// tokens (split over parallel.sp), and one forward of them with the loss, or with the logits
+// of one row as a sampler reads them.
+StagePlan plan_forward(const Config& config, int world_size, int cpu_threads, int64_t batch_size,
+                       int64_t seq_len, bool logits) {
+  PlanningBackend backend = planning_backend(config, cpu_threads);
+  PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
+  const Mesh& mesh = planned.mesh;
+  MicroBatch batch;  // shapes only, as in a planned step
+  batch.batch = batch_size;
+  batch.seq_local = padded_seq_local(seq_len, mesh.sp_size);
+  batch.pos_offset = int64_t(mesh.sp_rank) * batch.seq_local;
+  Model model(config, backend, *mesh.sp, *mesh.world, batch.batch, batch.seq_local,
+              ring_comms(mesh));
+  if (logits)
+    model.logits(batch, {0});
+  else
+    model.evaluate(batch);
+  const MemoryStats& stats = backend.memory().stats();
+  const int64_t offloaded = stats.peak[int(MemCategory::checkpoints_host)];
+  return {{seq_len, 0, batch_size},
+          stats.total_peak,
+          rank_need(config.device, stats.total_peak, offloaded),
+          offloaded};
+}
+
 }  // namespace
 
 int64_t rank_need(Device device, int64_t device_peak, int64_t offloaded_checkpoints) {
@@ -93,36 +119,6 @@ std::vector<StagePlan> plan_stages(const Config& config, int world_size, int cpu
   }
   return plans;
 }
-
-namespace {
-
-// The model `eval` or `sample` builds for micro-batches of batch_size sequences of seq_len
-// tokens (split over parallel.sp), and one forward of them with the loss, or with the logits
-// of one row as a sampler reads them.
-StagePlan plan_forward(const Config& config, int world_size, int cpu_threads, int64_t batch_size,
-                       int64_t seq_len, bool logits) {
-  PlanningBackend backend = planning_backend(config, cpu_threads);
-  PlanningMesh planned = make_planning_mesh(world_size, config.parallel.sp, config.parallel.ring);
-  const Mesh& mesh = planned.mesh;
-  MicroBatch batch;  // shapes only, as in a planned step
-  batch.batch = batch_size;
-  batch.seq_local = padded_seq_local(seq_len, mesh.sp_size);
-  batch.pos_offset = int64_t(mesh.sp_rank) * batch.seq_local;
-  Model model(config, backend, *mesh.sp, *mesh.world, batch.batch, batch.seq_local,
-              ring_comms(mesh));
-  if (logits)
-    model.logits(batch, {0});
-  else
-    model.evaluate(batch);
-  const MemoryStats& stats = backend.memory().stats();
-  const int64_t offloaded = stats.peak[int(MemCategory::checkpoints_host)];
-  return {{seq_len, 0, batch_size},
-          stats.total_peak,
-          rank_need(config.device, stats.total_peak, offloaded),
-          offloaded};
-}
-
-}  // namespace
 
 StagePlan plan_eval(const Config& config, int world_size, int cpu_threads) {
   return plan_forward(config, world_size, cpu_threads, config.train.batch_size,
