@@ -1,6 +1,7 @@
 // ulysses-train: parses the command line, runs the job (core/jobs/run_job.h) and turns any error
 // into a logged message and an exit status on every rank (docs/failures.md).
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <iostream>
 
 #include "apps/common_options.h"
@@ -16,6 +17,9 @@
 
 int main(int argc, char** argv) {
   using namespace ulysses;
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG and is reported like any
+  // I/O error (docs/failures.md#a-full-disk), instead of killing the rank mid-checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (argc >= 2 && std::string(argv[1]) == "export") return run_export_command(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "eval") return run_eval_command(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "sample") return run_sample_command(argc, argv);

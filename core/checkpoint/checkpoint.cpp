@@ -6,9 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <system_error>
 #include <vector>
 
 #include "core/checkpoint/checkpoint_overwrite.h"
+#include "core/checkpoint/checkpoint_space.h"
 #include "core/checkpoint/checkpoint_weights.h"
 #include "core/checkpoint/file_util.h"
 #include "core/checkpoint/optimizer_file.h"
@@ -87,12 +91,31 @@ std::string inspect_checkpoint_dir(const CheckpointConfig& checkpoint,
       spdlog::info("{}/latest now names {}, the newest intact checkpoint", dir, newest_name);
     }
   }
+  return "";
+}
+
+std::string create_checkpoint_dir(const std::string& dir) {
   std::error_code error;
   fs::create_directories(dir, error);
   if (error || !fs::is_directory(dir))
     return "train.checkpoint.dir '" + dir +
            "' cannot be created: " + (error ? error.message() : "a file of that name exists");
   return "";
+}
+
+// Rank 0, after inspect_checkpoint_dir: an error when the folder's file system cannot hold
+// the run's first checkpoint; a warning, logged here, when a later save would not fit.
+std::string check_checkpoint_space(const TrainConfig& train, uint64_t checkpoint_size,
+                                   const std::string& resume_folder, size_t replaced) {
+  const std::optional<uint64_t> available = available_bytes(train.checkpoint.dir);
+  if (!available) return "";
+  const int64_t first_step = resume_folder.empty() ? 0 : read_trainer_state(resume_folder).step;
+  const size_t folders = checkpoint_step_folders(train.checkpoint.dir).size();
+  const SpaceVerdict verdict = checkpoint_space_at_start(
+      train.checkpoint, checkpoint_size, *available, int(folders - std::min(folders, replaced)),
+      checkpoint_steps(train.checkpoint, first_step, train.steps));
+  if (!verdict.warning.empty()) spdlog::warn("{}", verdict.warning);
+  return verdict.error;
 }
 
 // Pruning renames a step folder to .pruning-step_XXXXXXXX before deleting it, so that a kill
@@ -109,11 +132,17 @@ void delete_pruned_folder(const std::string& folder) {
   fs::remove_all(doomed);
 }
 
-void delete_interrupted_prunes(const std::string& checkpoint_dir) {
+// A save writes its folder as .tmp-step_XXXXXXXX and renames it when complete: one a kill
+// interrupted was never published, and the next start deletes it with the space it holds.
+constexpr const char* kTemporaryPrefix = ".tmp-";
+
+void delete_interrupted_prunes_and_saves(const std::string& checkpoint_dir) {
   std::error_code error;
-  for (const auto& entry : fs::directory_iterator(checkpoint_dir, error))
-    if (entry.path().filename().string().rfind(kPruningPrefix, 0) == 0)
+  for (const auto& entry : fs::directory_iterator(checkpoint_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kPruningPrefix, 0) == 0 || name.rfind(kTemporaryPrefix, 0) == 0)
       fs::remove_all(entry.path());
+  }
 }
 
 }  // namespace
@@ -126,7 +155,7 @@ void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir) {
     try {
       const std::string done = recover_interrupted_overwrite(checkpoint_dir);
       if (!done.empty()) spdlog::warn("{}", done);
-      delete_interrupted_prunes(checkpoint_dir);
+      delete_interrupted_prunes_and_saves(checkpoint_dir);
     } catch (const std::exception& problem) {
       error = problem.what();
     }
@@ -165,8 +194,10 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
   return folder;
 }
 
-std::vector<std::string> prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
+std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& train,
+                                                uint64_t checkpoint_size,
                                                 const std::string& resume_folder) {
+  const CheckpointConfig& checkpoint = train.checkpoint;
   std::vector<std::string> replaced;
   if (checkpoint.dir.empty()) return replaced;
   Watchdog::SlowWork slow(world.watchdog().get(), "preparing the checkpoint folder");
@@ -174,6 +205,9 @@ std::vector<std::string> prepare_checkpoint_dir(Comm& world, const CheckpointCon
   if (world.rank() == 0) {
     try {
       error = inspect_checkpoint_dir(checkpoint, resume_folder, replaced);
+      if (error.empty())
+        error = check_checkpoint_space(train, checkpoint_size, resume_folder, replaced.size());
+      if (error.empty()) error = create_checkpoint_dir(checkpoint.dir);
     } catch (const std::exception& problem) {
       error = "train.checkpoint.dir '" + checkpoint.dir + "': " + problem.what();
     }
@@ -227,25 +261,64 @@ std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
   Watchdog::SlowWork slow(world_.watchdog().get(), "writing a checkpoint");
   const std::string dir = config_.train.checkpoint.dir;
   const std::string name = checkpoint_folder_name(step);
-  const std::string temp_path = dir + "/.tmp-" + name;
+  const std::string temp_path = dir + "/" + kTemporaryPrefix + name;
+  // An I/O failure on any rank ends the save on every rank together, with the same exit and
+  // no half-written folder left behind (docs/failures.md#a-full-disk).
+  std::string failure;  // this rank's; each phase of the save ends with every rank's verdict
   if (world_.rank() == 0) {
-    fs::create_directories(dir);
-    fs::remove_all(temp_path);
-    fs::create_directory(temp_path);
+    const std::optional<uint64_t> available = available_bytes(dir);
+    if (available)
+      failure = checkpoint_space_at_save(
+          dir, step, checkpoint_bytes(model.table(), model.state().layout().world()), *available);
+    if (failure.empty())
+      attempt_write(step, failure, [&] {
+        fs::create_directories(dir);
+        fs::remove_all(temp_path);
+        fs::create_directory(temp_path);
+      });
   }
-  world_.barrier();
+  stop_if_any_failed(temp_path, failure);
   const std::vector<double> optimizer_checksums =
-      write_optimizer_files(temp_path, model, optimizer);
+      write_optimizer_files(temp_path, step, model, optimizer);
   write_weights(temp_path, step, model);
-  if (world_.rank() == 0) {
-    write_state_and_manifest(temp_path, progress, model, optimizer_checksums);
-    publish(temp_path, name, progress.good_folder);
-  }
-  world_.barrier();
+  if (world_.rank() == 0)
+    attempt_write(step, failure, [&] {
+      write_state_and_manifest(temp_path, progress, model, optimizer_checksums);
+      publish(temp_path, name, progress.good_folder);
+    });
+  stop_if_any_failed(temp_path, failure);
   return dir + "/" + name;
 }
 
-std::vector<double> Checkpointer::write_optimizer_files(const std::string& temp_path, Model& model,
+void Checkpointer::attempt_write(int64_t step, std::string& failure,
+                                 const std::function<void()>& write) {
+  if (!failure.empty()) return;
+  try {
+    write();
+  } catch (const std::exception& problem) {
+    failure = "the checkpoint of step " + std::to_string(step) +
+              " could not be written: " + problem.what() +
+              ". Its temporary folder is removed and the checkpoints already written in "
+              "train.checkpoint.dir '" +
+              config_.train.checkpoint.dir +
+              "' are intact; once the cause is gone (a full disk: free space) continue with "
+              "--resume auto (docs/failures.md#a-full-disk)";
+  }
+}
+
+void Checkpointer::stop_if_any_failed(const std::string& temp_path, const std::string& failure) {
+  double failed = failure.empty() ? 0.0 : 1.0;
+  world_.all_reduce_host(&failed, 1, ReduceOp::max);
+  if (failed == 0.0) return;
+  if (world_.rank() == 0) {
+    std::error_code ignored;
+    fs::remove_all(temp_path, ignored);
+  }
+  agree_on_failure(world_, failure, ExitCode::runtime);
+}
+
+std::vector<double> Checkpointer::write_optimizer_files(const std::string& temp_path, int64_t step,
+                                                        Model& model,
                                                         const OptimizerMoments& optimizer) {
   // Optimizer state as flat ranges of the parameter buffer, one file per shard (ZeRO: one
   // per rank; otherwise rank 0 writes the whole range), so that a run with another world
@@ -259,34 +332,38 @@ std::vector<double> Checkpointer::write_optimizer_files(const std::string& temp_
   // Each optimizer file's checksum is computed by the rank that wrote it; rank 0 collects
   // them for the manifest (CRC-32 and sizes are exact in a double).
   std::vector<double> checksums(size_t(2 * shards), 0.0);
-  if (writes) {
-    std::vector<FlatRange> ranges;
-    int64_t count = 0;
-    for (const ShardSegment& segment : optimizer.segments) {
-      ranges.emplace_back(segment.begin, segment.end);
-      count += segment.size();
-    }
-    const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
-    const std::string header = optimizer_file_header(ranges, model.table().total_numel(), path);
-    create_placed_safetensors(path, header, 2 * uint64_t(count) * sizeof(float));
-    PlacedSafetensorsWriter moments(path, header.size());
-    std::vector<float> host;
-    int64_t packed = 0;  // where the segment starts in the file's tensors
-    for (const ShardSegment& segment : optimizer.segments) {
-      for (int64_t done = 0; done < segment.size(); done += piece) {
-        const int64_t n = std::min(piece, segment.size() - done);
-        host.resize(size_t(n));
-        backend_.download(host.data(), optimizer.first.flat_range(segment.shard_begin + done, n));
-        moments.write(packed + done, n, host.data());
-        backend_.download(host.data(), optimizer.second.flat_range(segment.shard_begin + done, n));
-        moments.write(count + packed + done, n, host.data());
+  std::string failure;
+  if (writes)
+    attempt_write(step, failure, [&] {
+      std::vector<FlatRange> ranges;
+      int64_t count = 0;
+      for (const ShardSegment& segment : optimizer.segments) {
+        ranges.emplace_back(segment.begin, segment.end);
+        count += segment.size();
       }
-      packed += segment.size();
-    }
-    moments.finish();
-    checksums[size_t(2 * shard)] = double(crc32_of_file(path));
-    checksums[size_t(2 * shard + 1)] = double(fs::file_size(path));
-  }
+      const std::string path = temp_path + "/" + optimizer_file_name(shard, shards);
+      const std::string header = optimizer_file_header(ranges, model.table().total_numel(), path);
+      create_placed_safetensors(path, header, 2 * uint64_t(count) * sizeof(float));
+      PlacedSafetensorsWriter moments(path, header.size());
+      std::vector<float> host;
+      int64_t packed = 0;  // where the segment starts in the file's tensors
+      for (const ShardSegment& segment : optimizer.segments) {
+        for (int64_t done = 0; done < segment.size(); done += piece) {
+          const int64_t n = std::min(piece, segment.size() - done);
+          host.resize(size_t(n));
+          backend_.download(host.data(), optimizer.first.flat_range(segment.shard_begin + done, n));
+          moments.write(packed + done, n, host.data());
+          backend_.download(host.data(),
+                            optimizer.second.flat_range(segment.shard_begin + done, n));
+          moments.write(count + packed + done, n, host.data());
+        }
+        packed += segment.size();
+      }
+      moments.finish();
+      checksums[size_t(2 * shard)] = double(crc32_of_file(path));
+      checksums[size_t(2 * shard + 1)] = double(fs::file_size(path));
+    });
+  stop_if_any_failed(temp_path, failure);
   world_.all_reduce_host(checksums.data(), int(checksums.size()), ReduceOp::sum);
   return checksums;
 }
@@ -298,18 +375,22 @@ void Checkpointer::write_weights(const std::string& temp_path, int64_t step, Mod
   const std::string path = temp_path + "/" + kCheckpointModelFile;
   const std::string header =
       checkpoint_weights_header(table, step, name_of(config_.model.family), path);
+  std::string failure;
   if (world_.rank() == 0)
-    create_placed_safetensors(path, header, uint64_t(table.total_numel()) * sizeof(float));
-  world_.barrier();
-  const bool writes = model.state().layout().world() > 1 || world_.rank() == 0;
-  if (writes) {
-    PlacedSafetensorsWriter weights(path, header.size());
-    model.state().download_stored_weights([&](int64_t begin, int64_t count, const float* values) {
-      weights.write(begin, count, values);
+    attempt_write(step, failure, [&] {
+      create_placed_safetensors(path, header, uint64_t(table.total_numel()) * sizeof(float));
     });
-    weights.finish();
-  }
-  world_.barrier();
+  stop_if_any_failed(temp_path, failure);
+  const bool writes = model.state().layout().world() > 1 || world_.rank() == 0;
+  if (writes)
+    attempt_write(step, failure, [&] {
+      PlacedSafetensorsWriter weights(path, header.size());
+      model.state().download_stored_weights([&](int64_t begin, int64_t count, const float* values) {
+        weights.write(begin, count, values);
+      });
+      weights.finish();
+    });
+  stop_if_any_failed(temp_path, failure);
 }
 
 void Checkpointer::write_state_and_manifest(const std::string& temp_path,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,7 +23,8 @@ namespace ulysses {
 
 // Collective, before anything reads checkpoint_dir: rank 0 finishes or undoes what an
 // interrupted train.checkpoint.overwrite left there (core/checkpoint/checkpoint_overwrite.h) and
-// logs it; JobError(bad_input) on every rank when it cannot.
+// logs it, and deletes what an interrupted prune or save left (hidden folders, never
+// published); JobError(bad_input) on every rank when it cannot.
 void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir);
 
 // Collective: rank 0 resolves --resume ("auto" → the newest intact checkpoint of
@@ -39,9 +41,12 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
 // it returns, on rank 0, the step folders this run replaces (all of them for a fresh run,
 // those newer than the resumed step otherwise): they stay until the run's first checkpoint
 // is written and verified (Checkpointer::replace_after_first_save). Otherwise it repoints a
-// `latest` that lags behind the newest intact folder. Then creates the folder and test-writes
-// it from every rank.
-std::vector<std::string> prepare_checkpoint_dir(Comm& world, const CheckpointConfig& checkpoint,
+// `latest` that lags behind the newest intact folder. Refuses a folder whose file system cannot
+// hold one checkpoint of checkpoint_size bytes (core/checkpoint/checkpoint_space.h) and warns
+// when it cannot hold what the run keeps. Then creates the folder and test-writes it from
+// every rank.
+std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& train,
+                                                uint64_t checkpoint_size,
                                                 const std::string& resume_folder);
 
 // The folders keep_last pruning removes, of step folders given newest first: all but the
@@ -67,7 +72,9 @@ class Checkpointer {
 
   // Collective: writes dir/step_XXXXXXXX, repoints dir/latest, prunes to keep_last (never
   // progress.good_folder). Throws JobError(nonfinite) without writing anything when the
-  // weights or optimizer moments hold a NaN or infinity. Returns the folder written.
+  // weights or optimizer moments hold a NaN or infinity; JobError(runtime) on every rank, before
+  // writing, when the folder's file system has no room for the checkpoint, and when writing
+  // fails on any rank (its temporary folder removed). Returns the folder written.
   std::string save(const CheckpointProgress& progress, Model& model,
                    const OptimizerMoments& optimizer);
 
@@ -79,11 +86,11 @@ class Checkpointer {
   TrainerState load(const std::string& folder, Model& model, const OptimizerMoments& optimizer);
 
  private:
-  // The steps of save, in order. Collective: each rank's optimizer file (ZeRO: one per
-  // rank, else rank 0's alone) in temp_path; returns every file's CRC-32 and size, at 2i and
-  // 2i + 1 for file i.
-  std::vector<double> write_optimizer_files(const std::string& temp_path, Model& model,
-                                            const OptimizerMoments& optimizer);
+  // The steps of save, in order; each collective one ends with stop_if_any_failed. Collective:
+  // each rank's optimizer file (ZeRO: one per rank, else rank 0's alone) in temp_path;
+  // returns every file's CRC-32 and size, at 2i and 2i + 1 for file i.
+  std::vector<double> write_optimizer_files(const std::string& temp_path, int64_t step,
+                                            Model& model, const OptimizerMoments& optimizer);
   // Collective: the weights file, each rank writing the master weights it stores.
   void write_weights(const std::string& temp_path, int64_t step, Model& model);
   // Rank 0: the trainer state and the manifest over every file.
@@ -94,6 +101,12 @@ class Checkpointer {
   void publish(const std::string& temp_path, const std::string& name,
                const std::string& good_folder);
   void prune(const std::string& just_written, const std::string& good_folder);
+  // Runs `write` unless this rank's save has failed already; an exception becomes `failure`,
+  // the message every rank's exit gives for the checkpoint of `step`.
+  void attempt_write(int64_t step, std::string& failure, const std::function<void()>& write);
+  // Collective: when any rank's failure is set, rank 0 removes temp_path and every rank throws
+  // JobError(runtime), the failing ranks (rank 0 first) printing theirs.
+  void stop_if_any_failed(const std::string& temp_path, const std::string& failure);
   // Collective: whether the master weights and both moments are finite on every rank.
   bool training_state_is_finite(const ZeroState& state, const OptimizerMoments& optimizer);
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_space.h"
 #include "core/config/config.h"
 #include "core/jobs/job_identity.h"
 #include "core/jobs/job_session.h"
@@ -136,8 +137,11 @@ void run_job(const JobOptions& options, Comm& world) {
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
-  std::vector<std::string> replaced =
-      prepare_checkpoint_dir(world, config.train.checkpoint, resume_folder);
+  const int optimizer_shards =
+      world.size() > 1 && config.parallel.zero_stage >= 1 ? world.size() : 1;
+  std::vector<std::string> replaced = prepare_checkpoint_dir(
+      world, config.train, checkpoint_bytes(ParamTable(config.model), optimizer_shards),
+      resume_folder);
   Trainer trainer(config, *job.backend, mesh);
   trainer.replace_after_first_save(std::move(replaced));
   const Stopwatch loading;

@@ -1,0 +1,50 @@
+// Disk space for checkpoints (docs/checkpoints.md#disk-space): what one checkpoint of a model
+// takes, which steps a run saves, and the verdicts on the room train.checkpoint.dir's file
+// system has. Before the first step a folder that cannot hold one checkpoint stops the run and
+// one that cannot hold what the run keeps is warned about, naming the save that would not
+// fit; before each save, a checkpoint that would not fit is not started, so a run never fills
+// the disk with a checkpoint it cannot finish.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/model/params.h"
+
+namespace ulysses {
+
+// The bytes one checkpoint of this model takes: the weights, both Adam moments (all shards
+// together) and the trainer state and manifest, whose few KiB are bounded from above.
+uint64_t checkpoint_bytes(const ParamTable& table, int optimizer_shards);
+
+// The bytes an unprivileged writer may still use in the file system holding `folder` (the
+// nearest existing folder above it when it does not exist yet); nullopt when the system
+// cannot say.
+std::optional<uint64_t> available_bytes(const std::string& folder);
+
+// The steps in (first_step, last_step] at which a run saves: every checkpoint.every steps
+// and the last step.
+std::vector<int64_t> checkpoint_steps(const CheckpointConfig& checkpoint, int64_t first_step,
+                                      int64_t last_step);
+
+// What the folder's room means for a run about to start: an error when it cannot hold the
+// first save, a warning when a later save would not fit. `kept` counts the step folders there
+// that the run keeps (a resumed run's; not those train.checkpoint.overwrite replaces), which
+// keep_last pruning removes like the run's own.
+struct SpaceVerdict {
+  std::string error;
+  std::string warning;
+};
+SpaceVerdict checkpoint_space_at_start(const CheckpointConfig& checkpoint, uint64_t checkpoint_size,
+                                       uint64_t available, int kept,
+                                       const std::vector<int64_t>& save_steps);
+
+// "" when a checkpoint of checkpoint_size fits in `available`, else why the save at `step`
+// is not started and how to go on.
+std::string checkpoint_space_at_save(const std::string& dir, int64_t step, uint64_t checkpoint_size,
+                                     uint64_t available);
+
+}  // namespace ulysses
