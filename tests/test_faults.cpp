@@ -250,6 +250,48 @@ TEST(Faults, OverwriteThatOneRankFailsLeavesTheEarlierCheckpointsByteForByte) {
   EXPECT_EQ(testing::snapshot_files(ckpt), before);
 }
 
+// A checkpoint that one rank cannot write: rank 2 runs under `ulimit -f 64` (64 KiB per file),
+// as a full disk or a quota would stop it, and its optimizer shard is larger. Every rank exits 1
+// within seconds without MPI_Abort, rank 2 saying why; no temporary folder is left; the earlier
+// checkpoints are byte for byte as they were; and without the limit --resume auto goes on.
+// Shared memory between ranks is off: Open MPI sizes its segment with ftruncate, which the
+// limit would refuse.
+TEST(Faults, ACheckpointOneRankCannotWriteEndsTheJobOnEveryRankAndKeepsTheEarlierOnes) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const std::string checkpoint = ", checkpoint: {dir: " + ckpt + ", every: 1}";
+  testing::write_text_file(dir.file("two.yaml"),
+                           job_yaml(dir, 2, checkpoint, kSyntheticData, ", zero_stage: 1"));
+  testing::write_text_file(dir.file("three.yaml"),
+                           job_yaml(dir, 3, checkpoint, kSyntheticData, ", zero_stage: 1"));
+  auto first = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
+                           dir.file("two.yaml"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const uint64_t shard_bytes = fs::file_size(ckpt + "/step_00000002/" + optimizer_file_name(2, 4));
+  ASSERT_GT(shard_bytes, 64u * 1024) << "the shard must be larger than rank 2 may write";
+  const auto before = testing::snapshot_files(ckpt);
+  testing::write_text_file(dir.file("limited.sh"),
+                           "if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then ulimit -f 64; fi\n"
+                           "exec \"$@\"\n");
+  testing::CommandResult limited;
+  const double seconds = seconds_of([&] {
+    limited = run_command("OMPI_MCA_btl=self,tcp timeout 120 " + testing::mpirun(4) + "bash " +
+                          dir.file("limited.sh") + " " + kTrain + " --config " +
+                          dir.file("three.yaml") + " --resume auto");
+  });
+  EXPECT_EQ(limited.exit_code, 1) << limited.output;
+  EXPECT_MENTIONS(limited.output, "[rank 2] error the checkpoint of step 3 could not be written");
+  EXPECT_MENTIONS(limited.output, "File too large");
+  EXPECT_EQ(limited.output.find("MPI_ABORT"), std::string::npos) << limited.output;
+  EXPECT_LT(seconds, 60.0);
+  EXPECT_FALSE(fs::exists(ckpt + "/.tmp-step_00000003"));
+  EXPECT_TRUE(testing::snapshot_files(ckpt) == before) << "the folder changed";
+  auto resumed = run_command("timeout 120 " + testing::mpirun(4) + kTrain + " --config " +
+                             dir.file("three.yaml") + " --resume auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(find_latest_checkpoint(ckpt), ckpt + "/step_00000003");
+}
+
 struct Mismatch {
   const char* name;
   const char* key;
