@@ -1,8 +1,11 @@
 // The JSON-lines metrics file: one object per line, flushed as it is written so a
-// crashed run keeps every line it reported.
+// crashed run keeps every line it reported. A line is whole or absent: a write that fails (a
+// full disk) takes back what it wrote, and appending (a resumed run) first drops a torn last
+// line that a kill or an older build left, so the next line does not run into it.
 #pragma once
 
-#include <cstdio>
+#include <sys/types.h>
+
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,7 +15,7 @@ namespace ulysses {
 
 class MetricsWriter {
  public:
-  // Empty path: writes nothing. append keeps earlier lines (resume).
+  // Empty path: writes nothing. append keeps earlier whole lines (resume).
   MetricsWriter(const std::string& path, bool append);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -21,7 +24,9 @@ class MetricsWriter {
   void write(const nlohmann::json& line);
 
  private:
-  std::FILE* file_ = nullptr;
+  std::string path_;
+  int file_ = -1;
+  off_t whole_lines_end_ = 0;  // the file's size after the last whole line
 };
 
 // {"params": bytes, ..., "total": bytes} of the peaks.
