@@ -12,7 +12,7 @@
 #include "core/jobs/job_errors.h"
 #include "core/plan/plan_report.h"
 #include "core/plan/plan_search.h"
-#include "kernels/cpu/host_memory.h"
+#include "kernels/host_memory.h"
 
 namespace ulysses {
 

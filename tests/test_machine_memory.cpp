@@ -15,7 +15,7 @@
 #include "core/plan/plan_search.h"
 #include "core/train/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/host_memory.h"
+#include "kernels/host_memory.h"
 #include "parallel/exit_code.h"
 #include "parallel/local_comm.h"
 

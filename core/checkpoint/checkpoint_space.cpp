@@ -47,7 +47,9 @@ std::optional<uint64_t> available_bytes(const std::string& folder) {
          existing != existing.parent_path())
     existing = existing.parent_path();
   const fs::space_info space = fs::space(existing, error);
-  if (error || space.available == static_cast<std::uintmax_t>(-1)) return std::nullopt;
+  // Some file systems (FUSE, a few network ones) report a capacity of 0: they say nothing.
+  if (error || space.capacity == 0 || space.available == static_cast<std::uintmax_t>(-1))
+    return std::nullopt;
   return uint64_t(space.available);
 }
 

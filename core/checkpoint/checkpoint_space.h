@@ -22,7 +22,8 @@ uint64_t checkpoint_bytes(const ParamTable& table, int optimizer_shards);
 
 // The bytes an unprivileged writer may still use in the file system holding `folder` (the
 // nearest existing folder above it when it does not exist yet); nullopt when the system
-// cannot say.
+// cannot say (an error, or a file system that reports no capacity), and then nothing is
+// checked.
 std::optional<uint64_t> available_bytes(const std::string& folder);
 
 // The steps in (first_step, last_step] at which a run saves: every checkpoint.every steps

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "core/jobs/job_session.h"
-#include "kernels/cpu/host_memory.h"
+#include "kernels/host_memory.h"
 #include "parallel/agreement.h"
 #include "parallel/mpi_comm.h"
 

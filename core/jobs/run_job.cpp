@@ -137,11 +137,9 @@ void run_job(const JobOptions& options, Comm& world) {
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
-  const int optimizer_shards =
-      world.size() > 1 && config.parallel.zero_stage >= 1 ? world.size() : 1;
+  // At most one optimizer file per rank (ZeRO); their headers are a few KiB each.
   std::vector<std::string> replaced = prepare_checkpoint_dir(
-      world, config.train, checkpoint_bytes(ParamTable(config.model), optimizer_shards),
-      resume_folder);
+      world, config.train, checkpoint_bytes(ParamTable(config.model), world.size()), resume_folder);
   Trainer trainer(config, *job.backend, mesh);
   trainer.replace_after_first_save(std::move(replaced));
   const Stopwatch loading;

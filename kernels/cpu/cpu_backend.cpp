@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/cpu/host_memory.h"
+#include "kernels/host_memory.h"
 #include "kernels/cpu/portable_gemm.h"
 #include "kernels/op_formulas.h"
 

@@ -1,4 +1,4 @@
-#include "kernels/cpu/host_memory.h"
+#include "kernels/host_memory.h"
 
 #include <algorithm>
 #include <fstream>

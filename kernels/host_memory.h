@@ -1,6 +1,7 @@
-// The host memory this process could still take, as the system reports it: what a run on the
-// cpu backend checks its memory plan against before it builds the model (docs/memory.md,
-// "Memory the machine has").
+// The host memory this process could still take, as the system reports it: what a run checks
+// before it builds the model, the whole plan on the cpu backend and the host part of a cuda
+// run's (offloaded layer inputs, weight I/O, staging; docs/memory.md, "Memory the machine
+// has"). Beside backend.h, not in cpu/, since both backends use it.
 #pragma once
 
 #include <cstdint>
