@@ -36,7 +36,8 @@ std::string parent_folder(const std::string& path) {
   return parent.empty() ? "." : parent.string();
 }
 
-// Closes the file on every path; removes it unless the write completed.
+// Closes the file on every path; removes it unless the write completed, so a failed export (a
+// full disk) leaves no partial file taking the space.
 struct TempFileGuard {
   FILE* file = nullptr;
   std::string path;
@@ -68,8 +69,10 @@ void write_hf_llama(const std::string& folder, const ModelConfig& model, const P
     weights.add(spec.name, spec.shape, params.data() + spec.offset);
   weights.set_metadata("format", "pt");  // transformers refuses safetensors files without it
   const std::string weights_path = folder + "/model.safetensors";
-  weights.write(weights_path + ".tmp");
-  rename_or_throw(weights_path + ".tmp", weights_path);
+  TempFileGuard weights_temp{nullptr, weights_path + ".tmp"};
+  weights.write(weights_temp.path);
+  rename_or_throw(weights_temp.path, weights_path);
+  weights_temp.keep = true;
 
   const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
                                  {"model_type", "llama"},
@@ -89,8 +92,10 @@ void write_hf_llama(const std::string& folder, const ModelConfig& model, const P
                                  {"torch_dtype", "float32"}};
   // Written last: a folder with config.json is taken for a complete model.
   const std::string config_path = folder + "/config.json";
-  write_file_durably(config_path + ".tmp", config.dump(2) + "\n");
-  rename_or_throw(config_path + ".tmp", config_path);
+  TempFileGuard config_temp{nullptr, config_path + ".tmp"};
+  write_file_durably(config_temp.path, config.dump(2) + "\n");
+  rename_or_throw(config_temp.path, config_path);
+  config_temp.keep = true;
   fsync_directory(folder);
 }
 

@@ -1,0 +1,85 @@
+// An export that cannot be written (a full disk, a quota) leaves no partial file taking the
+// space: RLIMIT_FSIZE stops the weights part way, as a full disk would (write(2) fails with
+// EFBIG once SIGXFSZ is ignored, as ulysses-train does). docs/failures.md#a-full-disk.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/weights_io_formats.h"
+#include "tests/testing.h"
+
+namespace ulysses {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+ModelConfig model_of(Family family) {
+  ModelConfig model;
+  model.family = family;
+  model.n_layers = 2;
+  model.d_model = 64;
+  model.n_heads = 4;
+  model.n_kv_heads = 4;
+  model.d_ff = 256;
+  model.vocab_size = 100;
+  model.max_seq_len = 16;
+  return model;
+}
+
+// Runs `write` with files limited to `bytes`; returns its error ("" when it succeeded).
+std::string write_limited_to(uint64_t bytes, const std::function<void()>& write) {
+  rlimit old_limit{};
+  getrlimit(RLIMIT_FSIZE, &old_limit);
+  rlimit limit = old_limit;
+  limit.rlim_cur = bytes;
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  setrlimit(RLIMIT_FSIZE, &limit);
+  std::string error;
+  try {
+    write();
+  } catch (const std::exception& problem) {
+    error = problem.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  return error;
+}
+
+std::vector<std::string> files_in(const std::string& folder) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder))
+    names.push_back(entry.path().filename().string());
+  return names;
+}
+
+TEST(ExportFailure, AHuggingFaceFolderThatCannotBeWrittenKeepsNoPartialFile) {
+  TempDir dir;
+  const ModelConfig model = model_of(Family::llama);
+  const ParamTable table(model);
+  const std::vector<float> weights(size_t(table.total_numel()), 0.5f);
+  const std::string error =
+      write_limited_to(64 * 1024, [&] { write_hf_llama(dir.file("out"), model, table, weights); });
+  EXPECT_MENTIONS(error, "model.safetensors.tmp");
+  EXPECT_MENTIONS(error, "File too large");
+  EXPECT_EQ(files_in(dir.file("out")), std::vector<std::string>{});
+}
+
+TEST(ExportFailure, AnLlmcFileThatCannotBeWrittenKeepsNoPartialFile) {
+  TempDir dir;
+  const ModelConfig model = model_of(Family::gpt2);
+  const ParamTable table(model);
+  const std::vector<float> weights(size_t(table.total_numel()), 0.5f);
+  const std::string error =
+      write_limited_to(64 * 1024, [&] { write_llmc(dir.file("gpt2.bin"), model, table, weights); });
+  EXPECT_MENTIONS(error, "gpt2.bin.tmp");
+  EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{});
+}
+
+}  // namespace
+}  // namespace ulysses
