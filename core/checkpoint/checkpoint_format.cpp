@@ -337,8 +337,7 @@ std::string read_latest_name(const std::string& dir) {
 
 void point_latest_at(const std::string& dir, const std::string& name) {
   const std::string path = dir + "/" + kCheckpointLatestFile;
-  write_file_durably(path + ".tmp", name + "\n");
-  rename_or_throw(path + ".tmp", path);
+  replace_file_durably(path, name + "\n");
   fsync_directory(dir);
 }
 

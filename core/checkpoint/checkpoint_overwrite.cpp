@@ -45,8 +45,7 @@ void move_replaced_aside(const std::string& dir, const std::vector<std::string>&
   if (fs::exists(latest, error)) rename_or_throw(latest, pending + "/" + kCheckpointLatestFile);
   fsync_directory(dir);
   const std::string marker = pending + "/" + kOverwriteReplacementFile;
-  write_file_durably(marker + ".tmp", new_name + "\n");
-  rename_or_throw(marker + ".tmp", marker);
+  replace_file_durably(marker, new_name + "\n");
   fsync_directory(pending);
 }
 

@@ -56,20 +56,37 @@ uint32_t crc32_of_file(const std::string& path) {
 }
 
 void write_file_durably(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error(system_error("cannot create", path));
+  // A partial file would only take space (a full disk): it goes with the error.
+  auto fail = [&](const char* what) {
+    const std::string message = system_error(what, path);
+    if (fd >= 0) ::close(fd);
+    std::remove(path.c_str());
+    throw std::runtime_error(message);
+  };
   size_t written = 0;
   while (written < text.size()) {
     ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      throw std::runtime_error(system_error("cannot write", path));
-    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("cannot write");
     written += size_t(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw std::runtime_error(system_error("cannot sync", path));
+  if (::fsync(fd) != 0) fail("cannot sync");
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) fail("cannot sync");
+}
+
+void replace_file_durably(const std::string& path, const std::string& text) {
+  const std::string temp = path + ".tmp";
+  write_file_durably(temp, text);
+  try {
+    rename_or_throw(temp, path);
+  } catch (...) {
+    std::remove(temp.c_str());
+    throw;
+  }
 }
 
 std::string read_whole_file(const std::string& path) {

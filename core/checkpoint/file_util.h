@@ -14,8 +14,11 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
 // read (data/input_file.h).
 uint32_t crc32_of_file(const std::string& path);
 
-// Writes text to path and fsyncs it.
+// Writes text to path and fsyncs it; on failure the partial file is removed.
 void write_file_durably(const std::string& path, const std::string& text);
+// Writes text durably to path.tmp and renames it to path, so path is the old file or the whole
+// new one, never part of it; on failure path.tmp is removed. The caller fsyncs the folder.
+void replace_file_durably(const std::string& path, const std::string& text);
 // The whole file; throws naming it as crc32_of_file does.
 std::string read_whole_file(const std::string& path);
 // fsync of a directory, so renames inside it are on disk.

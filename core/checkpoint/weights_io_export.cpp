@@ -92,10 +92,7 @@ void write_hf_llama(const std::string& folder, const ModelConfig& model, const P
                                  {"torch_dtype", "float32"}};
   // Written last: a folder with config.json is taken for a complete model.
   const std::string config_path = folder + "/config.json";
-  TempFileGuard config_temp{nullptr, config_path + ".tmp"};
-  write_file_durably(config_temp.path, config.dump(2) + "\n");
-  rename_or_throw(config_temp.path, config_path);
-  config_temp.keep = true;
+  replace_file_durably(config_path, config.dump(2) + "\n");
   fsync_directory(folder);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <utility>
 
 #include "core/checkpoint/file_util.h"
@@ -73,8 +74,11 @@ void write_trace_file(Comm& world, const std::vector<TraceSpan>& spans, const st
   for (size_t rank = 0; rank < per_rank.size(); ++rank)
     text += (rank > 0 ? ",\n" : "") + per_rank[rank];
   text += "\n]}\n";
-  write_file_durably(path + ".tmp", text);
-  rename_or_throw(path + ".tmp", path);
+  try {
+    replace_file_durably(path, text);
+  } catch (const std::exception& problem) {
+    throw std::runtime_error("writing log.trace_file '" + path + "' failed: " + problem.what());
+  }
 }
 
 }  // namespace ulysses

@@ -1,6 +1,7 @@
-// An export that cannot be written (a full disk, a quota) leaves no partial file taking the
-// space: RLIMIT_FSIZE stops the weights part way, as a full disk would (write(2) fails with
-// EFBIG once SIGXFSZ is ignored, as ulysses-train does). docs/failures.md#a-full-disk.
+// A file that cannot be written (a full disk, a quota) leaves no partial file taking the space,
+// and a file replaced durably is the old one or the whole new one: RLIMIT_FSIZE stops the write
+// part way, as a full disk would (write(2) fails with EFBIG once SIGXFSZ is ignored, as
+// ulysses-train does). docs/failures.md#a-full-disk.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/file_util.h"
 #include "core/checkpoint/weights_io_formats.h"
 #include "tests/testing.h"
 
@@ -56,6 +58,30 @@ std::vector<std::string> files_in(const std::string& folder) {
   for (const auto& entry : fs::directory_iterator(folder))
     names.push_back(entry.path().filename().string());
   return names;
+}
+
+TEST(WriteFailure, ADurableWriteThatFailsRemovesItsPartialFile) {
+  TempDir dir;
+  const std::string path = dir.file("state.json");
+  const std::string error =
+      write_limited_to(16, [&] { write_file_durably(path, std::string(100, 'x')); });
+  EXPECT_MENTIONS(error, "cannot write '" + path + "': File too large");
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST(WriteFailure, AReplacementThatFailsKeepsTheOldFileAndNoTemporary) {
+  TempDir dir;
+  const std::string path = dir.file("latest");
+  replace_file_durably(path, "step_00000001\n");
+  const std::string error =
+      write_limited_to(16, [&] { replace_file_durably(path, std::string(100, 'x')); });
+  EXPECT_MENTIONS(error, path + ".tmp");
+  EXPECT_EQ(testing::read_text_file(path), "step_00000001\n");
+  EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{"latest"});
+  // The rename failing (a folder in the way) takes its temporary file away too.
+  fs::create_directories(dir.file("in-the-way/inside"));
+  EXPECT_THROW(replace_file_durably(dir.file("in-the-way"), "text"), std::runtime_error);
+  EXPECT_FALSE(fs::exists(dir.file("in-the-way.tmp")));
 }
 
 TEST(ExportFailure, AHuggingFaceFolderThatCannotBeWrittenKeepsNoPartialFile) {
