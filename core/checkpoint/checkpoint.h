@@ -4,7 +4,8 @@
 // fsynced and renamed; `latest` is replaced atomically, so a crash at any moment leaves the
 // previous checkpoint intact. A state that is not finite is never written, and nothing a
 // run did not write itself is replaced without train.checkpoint.overwrite, and then only
-// once the run has written and verified its first checkpoint.
+// once the run has written and verified its first checkpoint. The folder's checks before the
+// first step: core/checkpoint/checkpoint_dir.h.
 #pragma once
 
 #include <cstdint>
@@ -20,34 +21,6 @@
 #include "parallel/comm.h"
 
 namespace ulysses {
-
-// Collective, before anything reads checkpoint_dir: rank 0 finishes or undoes what an
-// interrupted train.checkpoint.overwrite left there (core/checkpoint/checkpoint_overwrite.h) and
-// logs it, and deletes what an interrupted prune or save left (hidden folders, never
-// published); JobError(bad_input) on every rank when it cannot.
-void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir);
-
-// Collective: rank 0 resolves --resume ("auto" → the newest intact checkpoint of
-// checkpoint_dir, or "" to start fresh when there is none; a step folder; a checkpoint
-// dir → its newest) and every rank gets its answer, so all ranks resume the same step.
-// Throws JobError(bad_input) on every rank when there is nothing to resume from.
-std::string agree_resume_folder(Comm& world, const std::string& resume,
-                                const std::string& checkpoint_dir);
-
-// Collective, before the first step. Refuses (JobError bad_input on every rank) a run that
-// would overwrite another run's checkpoints: a fresh run (resume_folder "") into a
-// train.checkpoint.dir that holds step folders, or a resume from an older step than the
-// newest intact step folder there (whatever `latest` says). With train.checkpoint.overwrite
-// it returns, on rank 0, the step folders this run replaces (all of them for a fresh run,
-// those newer than the resumed step otherwise): they stay until the run's first checkpoint
-// is written and verified (Checkpointer::replace_after_first_save). Otherwise it repoints a
-// `latest` that lags behind the newest intact folder. Refuses a folder whose file system cannot
-// hold one checkpoint of checkpoint_size bytes (core/checkpoint/checkpoint_space.h) and warns
-// when it cannot hold what the run keeps. Then creates the folder and test-writes it from
-// every rank.
-std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& train,
-                                                uint64_t checkpoint_size,
-                                                const std::string& resume_folder);
 
 // The folders keep_last pruning removes, of step folders given newest first: all but the
 // keep_last newest, the one just written, and the checkpoint to go back to (good_folder, the

@@ -33,6 +33,11 @@ inline constexpr const char* kOverwritePendingFolder = ".overwrite-pending";
 inline constexpr const char* kOverwriteReplacementFile = "replaced-by";
 // The pending folder's name once the overwrite is complete and its contents are being deleted.
 inline constexpr const char* kOverwriteDeletingFolder = ".overwrite-deleting";
+// Hidden folders that are never checkpoints: a save writes .tmp-step_XXXXXXXX and renames it
+// when complete; pruning renames a step folder to .pruning-step_XXXXXXXX before deleting it.
+// What a kill leaves of either, the next start deletes (core/checkpoint/checkpoint_dir.h).
+inline constexpr const char* kSavingPrefix = ".tmp-";
+inline constexpr const char* kPruningPrefix = ".pruning-";
 
 // "step_00001000"
 std::string checkpoint_folder_name(int64_t step);

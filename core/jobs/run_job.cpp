@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/checkpoint_space.h"
 #include "core/config/config.h"
 #include "core/jobs/job_identity.h"
