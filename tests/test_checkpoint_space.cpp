@@ -11,6 +11,7 @@
 
 #include "core/checkpoint/checkpoint_format.h"
 #include "core/checkpoint/checkpoint_space.h"
+#include "kernels/memory.h"
 #include "tests/testing.h"
 
 namespace ulysses {
@@ -74,6 +75,29 @@ TEST(CheckpointSpace, ARunSavesEveryNthStepAndItsLast) {
   EXPECT_TRUE(checkpoint_steps(checkpoint, 10, 10).empty());
   checkpoint.every = 0;
   EXPECT_EQ(checkpoint_steps(checkpoint, 3, 10), (std::vector<int64_t>{10}));
+}
+
+TEST(CheckpointSpace, TheMostFoldersARunHoldsAtOnce) {
+  EXPECT_EQ(checkpoints_held_at_most(keeping(0), 5), 5);
+  EXPECT_EQ(checkpoints_held_at_most(keeping(1), 5), 3);
+  EXPECT_EQ(checkpoints_held_at_most(keeping(2), 5), 3);
+  EXPECT_EQ(checkpoints_held_at_most(keeping(3), 5), 4);
+  EXPECT_EQ(checkpoints_held_at_most(keeping(10), 5), 5);
+  EXPECT_EQ(checkpoints_held_at_most(keeping(3), 1), 1);
+  EXPECT_EQ(checkpoints_held_at_most(keeping(3), 0), 0);
+}
+
+TEST(CheckpointSpace, DryRunSaysWhatTheCheckpointsTakeOnDisk) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), small_run_yaml(dir.file("ckpt"), 10));
+  auto run = run_command(kTrain + " --config " + dir.file("c.yaml") +
+                         " --set train.checkpoint.keep_last=2 --dry-run");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const ParamTable table(load_config(dir.file("c.yaml"), {}).model);
+  EXPECT_MENTIONS(run.output, "# about " + format_bytes(int64_t(checkpoint_bytes(table, 1))) +
+                                  " a checkpoint on disk");
+  EXPECT_MENTIONS(run.output, "10 saved to '" + dir.file("ckpt") + "', keep_last 2: up to 3");
+  EXPECT_FALSE(fs::exists(dir.file("ckpt")));
 }
 
 TEST(CheckpointSpace, AFolderThatCannotHoldOneCheckpointIsAnErrorNamingBothSizes) {

@@ -23,6 +23,14 @@ std::string size_text(uint64_t bytes) {
   return format_bytes(int64_t(bytes));
 }
 
+// Step folders left after keep_last pruning of `folders`: pruning also keeps the checkpoint to
+// go back to, the previous save (core/checkpoint/checkpoint.h, folders_to_prune), so keep_last
+// 1 keeps two.
+int64_t folders_after_pruning(const CheckpointConfig& checkpoint, int64_t folders) {
+  if (checkpoint.keep_last <= 0) return folders;
+  return std::min<int64_t>(folders, std::max(checkpoint.keep_last, 2));
+}
+
 }  // namespace
 
 uint64_t checkpoint_bytes(const ParamTable& table, int optimizer_shards) {
@@ -62,6 +70,11 @@ std::vector<int64_t> checkpoint_steps(const CheckpointConfig& checkpoint, int64_
   return steps;
 }
 
+int64_t checkpoints_held_at_most(const CheckpointConfig& checkpoint, int64_t saves) {
+  if (saves <= 0) return 0;
+  return folders_after_pruning(checkpoint, saves - 1) + 1;
+}
+
 SpaceVerdict checkpoint_space_at_start(const CheckpointConfig& checkpoint, uint64_t checkpoint_size,
                                        uint64_t available, int kept,
                                        const std::vector<int64_t>& save_steps) {
@@ -95,11 +108,7 @@ SpaceVerdict checkpoint_space_at_start(const CheckpointConfig& checkpoint, uint6
           "Keep fewer with train.checkpoint.keep_last, save less often, or free space";
       return verdict;
     }
-    folders += 1;
-    // Pruning also keeps the checkpoint to go back to, the previous save
-    // (core/checkpoint/checkpoint.h, folders_to_prune): keep_last 1 keeps two.
-    if (checkpoint.keep_last > 0)
-      folders = std::min<int64_t>(folders, std::max(checkpoint.keep_last, 2));
+    folders = folders_after_pruning(checkpoint, folders + 1);
   }
   return verdict;
 }

@@ -31,6 +31,11 @@ std::optional<uint64_t> available_bytes(const std::string& folder);
 std::vector<int64_t> checkpoint_steps(const CheckpointConfig& checkpoint, int64_t first_step,
                                       int64_t last_step);
 
+// The most checkpoint folders a run that starts in an empty folder holds at once, while its
+// last save of `saves` is written: keep_last pruning keeps max(keep_last, 2) (the checkpoint to
+// go back to as well), plus the one being written; all of them when keep_last is 0.
+int64_t checkpoints_held_at_most(const CheckpointConfig& checkpoint, int64_t saves);
+
 // What the folder's room means for a run about to start: an error when it cannot hold the
 // first save, a warning when a later save would not fit. `kept` counts the step folders there
 // that the run keeps (a resumed run's; not those train.checkpoint.overwrite replaces), which

@@ -28,6 +28,22 @@
 namespace ulysses {
 namespace {
 
+// What the run's checkpoints take on disk (core/checkpoint/checkpoint_space.h).
+std::string checkpoint_disk_line(const Config& config, int world_size) {
+  const CheckpointConfig& checkpoint = config.train.checkpoint;
+  const uint64_t size = checkpoint_bytes(ParamTable(config.model), world_size);
+  const std::string each = "about " + format_bytes(int64_t(size)) +
+                           " a checkpoint on disk (the weights and two Adam moments in fp32)";
+  if (checkpoint.dir.empty()) return each + "; none saved: train.checkpoint.dir is empty";
+  const int64_t saves = int64_t(checkpoint_steps(checkpoint, 0, config.train.steps).size());
+  const int64_t held = checkpoints_held_at_most(checkpoint, saves);
+  return each + "; " + std::to_string(saves) + " saved to '" + checkpoint.dir + "', " +
+         (checkpoint.keep_last > 0 ? "keep_last " + std::to_string(checkpoint.keep_last)
+                                   : std::string("all kept")) +
+         ": up to " + std::to_string(held) + " there at once, " +
+         format_bytes(int64_t(double(size) * double(held))) + " (docs/checkpoints.md#disk-space)";
+}
+
 // Prints the resolved config, the parameter count and the planner's bytes per category:
 // the persistent buffers and a step's peak, charged by the trainer on the planning backend
 // (core/plan/memory_plan.h), so it needs no device, not even for device: cuda.
@@ -36,6 +52,7 @@ void print_plan(const Config& config, int world_size) {
   std::cout << "# resolved config\n" << config_to_yaml(config) << "\n";
   std::cout << "# model: " << name_of(config.model.family) << ", " << plan.num_params
             << " parameters (" << format_bytes(plan.num_params * 4) << " in fp32)\n";
+  std::cout << "# " << checkpoint_disk_line(config, world_size) << "\n";
   std::cout << "# world " << world_size << " = dp " << world_size / config.parallel.sp << " x sp "
             << config.parallel.sp << "; each rank holds " << config.train.batch_size << " x "
             << padded_seq_local(config.train.seq_len, config.parallel.sp)
