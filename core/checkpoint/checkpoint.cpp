@@ -84,12 +84,11 @@ std::string Checkpointer::save(const CheckpointProgress& progress, Model& model,
     if (available)
       failure = checkpoint_space_at_save(
           dir, step, checkpoint_bytes(model.table(), model.state().layout().world()), *available);
-    if (failure.empty())
-      attempt_write(step, failure, [&] {
-        fs::create_directories(dir);
-        fs::remove_all(temp_path);
-        fs::create_directory(temp_path);
-      });
+    attempt_write(step, failure, [&] {
+      fs::create_directories(dir);
+      fs::remove_all(temp_path);
+      fs::create_directory(temp_path);
+    });
   }
   stop_if_any_failed(temp_path, failure);
   const std::vector<double> optimizer_checksums =

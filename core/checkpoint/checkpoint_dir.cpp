@@ -112,6 +112,8 @@ std::string check_checkpoint_space(const TrainConfig& train, uint64_t checkpoint
   return verdict.error;
 }
 
+// What a kill left of a prune or a save (the hidden folders of checkpoint_format.h): never a
+// published checkpoint, and only taking space.
 void delete_interrupted_prunes_and_saves(const std::string& checkpoint_dir) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(checkpoint_dir, error)) {
