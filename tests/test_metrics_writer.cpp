@@ -2,9 +2,7 @@
 // what it wrote, and a resumed run appending to a file that ends in a torn line drops that line
 // first, so every line stays one JSON object (docs/failures.md#a-full-disk).
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
-#include <csignal>
 #include <string>
 
 #include "core/report/metrics.h"
@@ -36,28 +34,16 @@ TEST(MetricsWriter, AppendingKeepsWholeLinesAndDropsAFileOfOneTornLine) {
   EXPECT_EQ(testing::read_text_file(path), "{\"step\":9}\n");
 }
 
-// RLIMIT_FSIZE stops the second line part way, as a full disk would: write(2) takes the bytes
-// below the limit, then fails with EFBIG (SIGXFSZ ignored, as ulysses-train does).
+// A file-size limit stops the second line part way, as a full disk would.
 TEST(MetricsWriter, AWriteThatFailsPartWayTakesBackWhatItWrote) {
   TempDir dir;
   const std::string path = dir.file("m.jsonl");
   MetricsWriter writer(path, false);
   writer.write({{"step", 1}});
   const std::string first = testing::read_text_file(path);
-  rlimit old_limit{};
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  rlimit limit = old_limit;
-  limit.rlim_cur = first.size() + 8;
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
-  std::string error;
-  try {
+  const std::string error = testing::error_under_file_size_limit(first.size() + 8, [&] {
     writer.write({{"step", 2}, {"loss", 1.5}});
-  } catch (const std::exception& problem) {
-    error = problem.what();
-  }
-  setrlimit(RLIMIT_FSIZE, &old_limit);
-  std::signal(SIGXFSZ, old_handler);
+  });
   EXPECT_MENTIONS(error, "writing log.metrics_file '" + path + "' failed: File too large");
   EXPECT_EQ(testing::read_text_file(path), first);
 }

@@ -3,11 +3,8 @@
 // part way, as a full disk would (write(2) fails with EFBIG once SIGXFSZ is ignored, as
 // ulysses-train does). docs/failures.md#a-full-disk.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
-#include <csignal>
 #include <filesystem>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,25 +31,6 @@ ModelConfig model_of(Family family) {
   return model;
 }
 
-// Runs `write` with files limited to `bytes`; returns its error ("" when it succeeded).
-std::string write_limited_to(uint64_t bytes, const std::function<void()>& write) {
-  rlimit old_limit{};
-  getrlimit(RLIMIT_FSIZE, &old_limit);
-  rlimit limit = old_limit;
-  limit.rlim_cur = bytes;
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  setrlimit(RLIMIT_FSIZE, &limit);
-  std::string error;
-  try {
-    write();
-  } catch (const std::exception& problem) {
-    error = problem.what();
-  }
-  setrlimit(RLIMIT_FSIZE, &old_limit);
-  std::signal(SIGXFSZ, old_handler);
-  return error;
-}
-
 std::vector<std::string> files_in(const std::string& folder) {
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(folder))
@@ -63,8 +41,8 @@ std::vector<std::string> files_in(const std::string& folder) {
 TEST(WriteFailure, ADurableWriteThatFailsRemovesItsPartialFile) {
   TempDir dir;
   const std::string path = dir.file("state.json");
-  const std::string error =
-      write_limited_to(16, [&] { write_file_durably(path, std::string(100, 'x')); });
+  const std::string error = testing::error_under_file_size_limit(
+      16, [&] { write_file_durably(path, std::string(100, 'x')); });
   EXPECT_MENTIONS(error, "cannot write '" + path + "': File too large");
   EXPECT_FALSE(fs::exists(path));
 }
@@ -73,8 +51,8 @@ TEST(WriteFailure, AReplacementThatFailsKeepsTheOldFileAndNoTemporary) {
   TempDir dir;
   const std::string path = dir.file("latest");
   replace_file_durably(path, "step_00000001\n");
-  const std::string error =
-      write_limited_to(16, [&] { replace_file_durably(path, std::string(100, 'x')); });
+  const std::string error = testing::error_under_file_size_limit(
+      16, [&] { replace_file_durably(path, std::string(100, 'x')); });
   EXPECT_MENTIONS(error, path + ".tmp");
   EXPECT_EQ(testing::read_text_file(path), "step_00000001\n");
   EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{"latest"});
@@ -89,8 +67,8 @@ TEST(ExportFailure, AHuggingFaceFolderThatCannotBeWrittenKeepsNoPartialFile) {
   const ModelConfig model = model_of(Family::llama);
   const ParamTable table(model);
   const std::vector<float> weights(size_t(table.total_numel()), 0.5f);
-  const std::string error =
-      write_limited_to(64 * 1024, [&] { write_hf_llama(dir.file("out"), model, table, weights); });
+  const std::string error = testing::error_under_file_size_limit(
+      64 * 1024, [&] { write_hf_llama(dir.file("out"), model, table, weights); });
   EXPECT_MENTIONS(error, "model.safetensors.tmp");
   EXPECT_MENTIONS(error, "File too large");
   EXPECT_EQ(files_in(dir.file("out")), std::vector<std::string>{});
@@ -101,8 +79,8 @@ TEST(ExportFailure, AnLlmcFileThatCannotBeWrittenKeepsNoPartialFile) {
   const ModelConfig model = model_of(Family::gpt2);
   const ParamTable table(model);
   const std::vector<float> weights(size_t(table.total_numel()), 0.5f);
-  const std::string error =
-      write_limited_to(64 * 1024, [&] { write_llmc(dir.file("gpt2.bin"), model, table, weights); });
+  const std::string error = testing::error_under_file_size_limit(
+      64 * 1024, [&] { write_llmc(dir.file("gpt2.bin"), model, table, weights); });
   EXPECT_MENTIONS(error, "gpt2.bin.tmp");
   EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{});
 }

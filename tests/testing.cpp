@@ -1,8 +1,10 @@
 #include "tests/testing.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -89,6 +91,24 @@ std::string mpirun(int ranks) {
   return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 mpirun --bind-to none -np " +
          std::to_string(ranks) + " ";
+}
+
+std::string error_under_file_size_limit(uint64_t bytes, const std::function<void()>& write) {
+  rlimit old_limit{};
+  if (getrlimit(RLIMIT_FSIZE, &old_limit) != 0) throw std::runtime_error("getrlimit failed");
+  rlimit limit = old_limit;
+  limit.rlim_cur = bytes;
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  if (setrlimit(RLIMIT_FSIZE, &limit) != 0) throw std::runtime_error("setrlimit failed");
+  std::string error;
+  try {
+    write();
+  } catch (const std::exception& problem) {
+    error = problem.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  return error;
 }
 
 std::unique_ptr<Backend> cuda_backend_or_reason(std::string& reason, AttentionKernel attention) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -55,6 +56,11 @@ CommandResult run_command(const std::string& command_line);
 // "mpirun -np RANKS" with what Open MPI needs here (root, more ranks than cores, one thread
 // per rank), for command lines (it starts with `env`, so it may follow `timeout`).
 std::string mpirun(int ranks);
+
+// Runs `write` in this process with files limited to `bytes` (RLIMIT_FSIZE) and SIGXFSZ ignored,
+// as ulysses-train ignores it: a write past the limit takes the bytes below it, then fails with
+// EFBIG, as on a full disk. Returns the error `write` threw, "" when it threw none.
+std::string error_under_file_size_limit(uint64_t bytes, const std::function<void()>& write);
 
 // The cuda backend, or nullptr with the reason there is none ("no CUDA device: ..." or "...
 // no CUDA backend ...") for GTEST_SKIP; any other failure to start is thrown, a test failure.
