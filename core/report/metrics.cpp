@@ -3,40 +3,81 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 namespace ulysses {
 
 namespace {
 
-// Cuts a file that does not end in a newline back to its last one (to nothing without one).
-void drop_torn_last_line(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (!file) return;  // not there yet: nothing to drop
-  std::fseek(file, 0, SEEK_END);
-  const long end = std::ftell(file);
-  long keep = end;
-  for (long at = end - 1; at >= 0; --at) {
-    std::fseek(file, at, SEEK_SET);
-    if (std::fgetc(file) == '\n') break;
-    keep = at;
+// The step a metrics line is about; nullopt for a whole JSON object without one.
+std::optional<int64_t> step_of(const std::string& line) {
+  const nlohmann::json object = nlohmann::json::parse(line, nullptr, false);
+  if (object.is_object() && object.contains("step") && object["step"].is_number_integer())
+    return object["step"].get<int64_t>();
+  return std::nullopt;
+}
+
+bool is_json_object(const std::string& line) {
+  return nlohmann::json::parse(line, nullptr, false).is_object();
+}
+
+// Cuts the file after its last whole line about a step <= last_step, or a whole line about no
+// step; to nothing when there is none. Lines are read from the end, a chunk at a time: a resume
+// drops the few lines written after its checkpoint, not a pass over the whole history.
+void keep_lines_through_step(const std::string& path, int64_t last_step) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // not there yet: nothing to keep
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  constexpr off_t kChunk = 64 * 1024;
+  std::string pending;  // bytes [pending_begin, end) of the file, not yet judged
+  off_t pending_begin = size;
+  off_t end = size;  // where the file is cut
+  while (end > 0) {
+    // The line that ends at `end` begins after the last newline before its own last byte.
+    size_t newline = std::string::npos;
+    while ((pending.size() < 2 ||
+            (newline = pending.rfind('\n', pending.size() - 2)) == std::string::npos) &&
+           pending_begin > 0) {
+      const off_t chunk = std::min(kChunk, pending_begin);
+      std::string bytes(size_t(chunk), '\0');
+      if (::pread(fd, bytes.data(), bytes.size(), pending_begin - chunk) != chunk) {
+        ::close(fd);
+        throw std::runtime_error("cannot read log.metrics_file '" + path +
+                                 "': " + std::strerror(errno));
+      }
+      pending = bytes + pending;
+      pending_begin -= chunk;
+    }
+    if (pending.size() >= 2) newline = pending.rfind('\n', pending.size() - 2);
+    const size_t line_begin = newline == std::string::npos ? 0 : newline + 1;
+    const std::string line = pending.substr(line_begin);
+    const bool whole = !line.empty() && line.back() == '\n';
+    if (whole && is_json_object(line)) {
+      const std::optional<int64_t> step = step_of(line);
+      if (!step || *step <= last_step) break;
+    }
+    end = pending_begin + off_t(line_begin);
+    pending.resize(line_begin);
   }
-  std::fclose(file);
-  if (keep < end && ::truncate(path.c_str(), keep) != 0)
-    throw std::runtime_error("cannot drop the torn last line of log.metrics_file '" + path +
-                             "': " + std::strerror(errno));
+  ::close(fd);
+  if (end < size && ::truncate(path.c_str(), end) != 0)
+    throw std::runtime_error("cannot cut log.metrics_file '" + path + "' back to step " +
+                             std::to_string(last_step) + ": " + std::strerror(errno));
 }
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, std::optional<int64_t> resumed_step)
+    : path_(path) {
   if (path.empty()) return;
-  if (append) drop_torn_last_line(path);
-  file_ =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  if (resumed_step) keep_lines_through_step(path, *resumed_step);
+  file_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resumed_step ? O_APPEND : O_TRUNC),
+                 0644);
   if (file_ < 0)
     throw std::runtime_error("cannot open log.metrics_file '" + path +
                              "' for writing: " + std::strerror(errno));

@@ -1,12 +1,15 @@
 // The JSON-lines metrics file: one object per line, flushed as it is written so a
 // crashed run keeps every line it reported. A line is whole or absent: a write that fails (a
-// full disk) takes back what it wrote, and appending (a resumed run) first drops a torn last
-// line that a kill or an older build left, so the next line does not run into it.
+// full disk) takes back what it wrote. A resumed run keeps the lines through its checkpoint's
+// step and appends after them: the lines of steps it trains again (written after that
+// checkpoint, before a kill) and a torn last line are dropped, so each step has one line.
 #pragma once
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "kernels/memory.h"
@@ -15,8 +18,9 @@ namespace ulysses {
 
 class MetricsWriter {
  public:
-  // Empty path: writes nothing. append keeps earlier whole lines (resume).
-  MetricsWriter(const std::string& path, bool append);
+  // Empty path: writes nothing. resumed_step: the step a resumed run starts after (the lines
+  // through it stay); nullopt for a fresh run, which starts the file anew.
+  MetricsWriter(const std::string& path, std::optional<int64_t> resumed_step);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

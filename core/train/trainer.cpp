@@ -441,7 +441,8 @@ void Trainer::run() {
   const TrainConfig& train = config_.train;
   const CheckpointConfig& checkpoint = train.checkpoint;
   if (mesh_.world->rank() == 0)
-    metrics_ = std::make_unique<MetricsWriter>(config_.log.metrics_file, step_ > 0);
+    metrics_ = std::make_unique<MetricsWriter>(
+        config_.log.metrics_file, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt);
   std::vector<const Comm*> comms = {mesh_.world, mesh_.sp.get(), mesh_.dp.get()};
   if (mesh_.ring) comms.insert(comms.end(), {mesh_.ulysses.get(), mesh_.ring.get()});
   if (step_ >= train.steps) {
