@@ -61,12 +61,15 @@ std::optional<uint64_t> available_bytes(const std::string& folder) {
   return uint64_t(space.available);
 }
 
+bool is_checkpoint_step(const CheckpointConfig& checkpoint, int64_t step, int64_t last_step) {
+  return (checkpoint.every > 0 && step % checkpoint.every == 0) || step == last_step;
+}
+
 std::vector<int64_t> checkpoint_steps(const CheckpointConfig& checkpoint, int64_t first_step,
                                       int64_t last_step) {
   std::vector<int64_t> steps;
   for (int64_t step = first_step + 1; step <= last_step; ++step)
-    if ((checkpoint.every > 0 && step % checkpoint.every == 0) || step == last_step)
-      steps.push_back(step);
+    if (is_checkpoint_step(checkpoint, step, last_step)) steps.push_back(step);
   return steps;
 }
 

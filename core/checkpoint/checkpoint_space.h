@@ -26,8 +26,11 @@ uint64_t checkpoint_bytes(const ParamTable& table, int optimizer_shards);
 // checked.
 std::optional<uint64_t> available_bytes(const std::string& folder);
 
-// The steps in (first_step, last_step] at which a run saves: every checkpoint.every steps
-// and the last step.
+// Whether a run of last_step steps saves after `step`: every checkpoint.every steps and the
+// last step.
+bool is_checkpoint_step(const CheckpointConfig& checkpoint, int64_t step, int64_t last_step);
+
+// The steps in (first_step, last_step] at which a run saves (is_checkpoint_step).
 std::vector<int64_t> checkpoint_steps(const CheckpointConfig& checkpoint, int64_t first_step,
                                       int64_t last_step);
 

@@ -14,18 +14,6 @@ namespace ulysses {
 
 namespace {
 
-// The step a metrics line is about; nullopt for a whole JSON object without one.
-std::optional<int64_t> step_of(const std::string& line) {
-  const nlohmann::json object = nlohmann::json::parse(line, nullptr, false);
-  if (object.is_object() && object.contains("step") && object["step"].is_number_integer())
-    return object["step"].get<int64_t>();
-  return std::nullopt;
-}
-
-bool is_json_object(const std::string& line) {
-  return nlohmann::json::parse(line, nullptr, false).is_object();
-}
-
 // Cuts the file after its last whole line about a step <= last_step, or a whole line about no
 // step; to nothing when there is none. Lines are read from the end, a chunk at a time: a resume
 // drops the few lines written after its checkpoint, not a pass over the whole history.
@@ -57,10 +45,11 @@ void keep_lines_through_step(const std::string& path, int64_t last_step) {
     const size_t line_begin = newline == std::string::npos ? 0 : newline + 1;
     const std::string line = pending.substr(line_begin);
     const bool whole = !line.empty() && line.back() == '\n';
-    if (whole && is_json_object(line)) {
-      const std::optional<int64_t> step = step_of(line);
-      if (!step || *step <= last_step) break;
-    }
+    const nlohmann::json object =
+        whole ? nlohmann::json::parse(line, nullptr, false) : nlohmann::json();
+    if (object.is_object() && (!object.contains("step") || !object["step"].is_number_integer() ||
+                               object["step"].get<int64_t>() <= last_step))
+      break;
     end = pending_begin + off_t(line_begin);
     pending.resize(line_begin);
   }

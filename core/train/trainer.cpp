@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/checkpoint/checkpoint_space.h"
 #include "core/checkpoint/weights_io.h"
 #include "core/config/seq_len_schedule.h"
 #include "core/report/trace_file.h"
@@ -492,9 +493,7 @@ void Trainer::run() {
         spdlog::info("eval at step {} | eval loss {:.4f}{}", step_, eval.loss, accuracy);
       }
     }
-    bool save_now =
-        !checkpoint.dir.empty() &&
-        ((checkpoint.every > 0 && step_ % checkpoint.every == 0) || step_ == train.steps);
+    bool save_now = !checkpoint.dir.empty() && is_checkpoint_step(checkpoint, step_, train.steps);
     // A signal may reach some ranks only: agree on stopping before anyone acts on it.
     set_phase("agreeing on a stop signal");
     double stop = stop_requested() ? 1.0 : 0.0;
