@@ -226,7 +226,7 @@ TEST_F(CheckpointFixture, KeepLastPrunesOnlyOlderCompleteCheckpoints) {
   for (const auto& entry : fs::directory_iterator(dir_.file("ckpt")))
     names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000008", "step_00000009"}));
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step_00000008", "step_00000009"}));
 }
 
 TEST_F(CheckpointFixture, FreshRunIntoAFolderWithCheckpointsIsRefusedAndTouchesNothing) {

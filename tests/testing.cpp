@@ -12,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/checkpoint/checkpoint_lock.h"
+
 namespace ulysses::testing {
 
 TempDir::TempDir() {
@@ -42,10 +44,11 @@ std::string read_text_file(const std::string& path) {
 
 std::map<std::string, std::string> snapshot_files(const std::string& dir) {
   std::map<std::string, std::string> files;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir))
-    if (entry.is_regular_file())
-      files[std::filesystem::relative(entry.path(), dir).string()] =
-          read_text_file(entry.path().string());
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    const std::string name = std::filesystem::relative(entry.path(), dir).string();
+    if (entry.is_regular_file() && name != kCheckpointLockFile)
+      files[name] = read_text_file(entry.path().string());
+  }
   return files;
 }
 

@@ -34,7 +34,9 @@ class TempDir {
 void write_text_file(const std::string& path, const std::string& text);
 std::string read_text_file(const std::string& path);
 // Every regular file under dir, by its path relative to dir, with its bytes: two snapshots
-// are equal when nothing under dir was added, removed or changed.
+// are equal when nothing under dir was added, removed or changed. A checkpoint folder's lock
+// file is left out: every run that uses the folder writes who it is there
+// (core/checkpoint/checkpoint_lock.h); it holds no checkpoint.
 std::map<std::string, std::string> snapshot_files(const std::string& dir);
 
 struct CommandResult {

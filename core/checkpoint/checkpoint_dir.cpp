@@ -112,6 +112,18 @@ std::string check_checkpoint_space(const TrainConfig& train, uint64_t checkpoint
   return verdict.error;
 }
 
+// The folder was not there when recover_checkpoint_dir would have locked it. Another run that
+// created it meanwhile holds it, or has already saved there and ended: the inspection that
+// found the folder empty no longer stands.
+std::string lock_created_checkpoint_dir(const std::string& dir, CheckpointDirLock& lock) {
+  std::string error = lock.acquire(dir);
+  if (error.empty() && !checkpoint_step_folders(dir).empty())
+    error = "train.checkpoint.dir '" + dir + "' received checkpoints from another run while " +
+            "this one started; continue that run with --resume auto, or choose another " +
+            "train.checkpoint.dir";
+  return error;
+}
+
 // What a kill left of a prune or a save (the hidden folders of checkpoint_format.h): never a
 // published checkpoint, and only taking space.
 void delete_interrupted_prunes_and_saves(const std::string& checkpoint_dir) {
@@ -125,10 +137,13 @@ void delete_interrupted_prunes_and_saves(const std::string& checkpoint_dir) {
 
 }  // namespace
 
-void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir) {
+void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir,
+                            CheckpointDirLock& lock) {
   if (checkpoint_dir.empty()) return;
   Watchdog::SlowWork slow(world.watchdog().get(), "recovering the checkpoint folder");
   std::string error;
+  if (world.rank() == 0 && fs::is_directory(checkpoint_dir)) error = lock.acquire(checkpoint_dir);
+  agree_on_failure(world, error, ExitCode::bad_input);
   if (world.rank() == 0) {
     try {
       const std::string done = recover_interrupted_overwrite(checkpoint_dir);
@@ -174,7 +189,8 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
 
 std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& train,
                                                 uint64_t checkpoint_size,
-                                                const std::string& resume_folder) {
+                                                const std::string& resume_folder,
+                                                CheckpointDirLock& lock) {
   const CheckpointConfig& checkpoint = train.checkpoint;
   std::vector<std::string> replaced;
   if (checkpoint.dir.empty()) return replaced;
@@ -186,6 +202,8 @@ std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& 
       if (error.empty())
         error = check_checkpoint_space(train, checkpoint_size, resume_folder, replaced.size());
       if (error.empty()) error = create_checkpoint_dir(checkpoint.dir);
+      if (error.empty() && !lock.acquired())
+        error = lock_created_checkpoint_dir(checkpoint.dir, lock);
     } catch (const std::exception& problem) {
       error = "train.checkpoint.dir '" + checkpoint.dir + "': " + problem.what();
     }

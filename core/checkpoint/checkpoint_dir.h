@@ -8,16 +8,21 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/checkpoint_lock.h"
 #include "core/config/config.h"
 #include "parallel/comm.h"
 
 namespace ulysses {
 
-// Collective, before anything reads checkpoint_dir: rank 0 finishes or undoes what an
-// interrupted train.checkpoint.overwrite left there (core/checkpoint/checkpoint_overwrite.h) and
-// logs it, and deletes what an interrupted prune or save left (hidden folders, never
-// published); JobError(bad_input) on every rank when it cannot.
-void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir);
+// Collective, before anything reads checkpoint_dir: rank 0 locks it for this run
+// (core/checkpoint/checkpoint_lock.h; a folder not there yet is locked once
+// prepare_checkpoint_dir has created it), finishes or undoes what an interrupted
+// train.checkpoint.overwrite left there (core/checkpoint/checkpoint_overwrite.h) and logs it,
+// and deletes what an interrupted prune or save left (hidden folders, never published).
+// JobError(bad_input) on every rank when another run holds the folder or it cannot be
+// recovered.
+void recover_checkpoint_dir(Comm& world, const std::string& checkpoint_dir,
+                            CheckpointDirLock& lock);
 
 // Collective: rank 0 resolves --resume ("auto" → the newest intact checkpoint of
 // checkpoint_dir, or "" to start fresh when there is none; a step folder; a checkpoint
@@ -35,10 +40,12 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
 // is written and verified (Checkpointer::replace_after_first_save). Otherwise it repoints a
 // `latest` that lags behind the newest intact folder. Refuses a folder whose file system cannot
 // hold one checkpoint of checkpoint_size bytes (core/checkpoint/checkpoint_space.h) and warns
-// when it cannot hold what the run keeps. Then creates the folder and test-writes it from
-// every rank.
+// when it cannot hold what the run keeps. Then creates the folder, locks it if
+// recover_checkpoint_dir found none to lock (refused when another run took it meanwhile) and
+// test-writes it from every rank.
 std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& train,
                                                 uint64_t checkpoint_size,
-                                                const std::string& resume_folder);
+                                                const std::string& resume_folder,
+                                                CheckpointDirLock& lock);
 
 }  // namespace ulysses

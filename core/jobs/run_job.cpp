@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/checkpoint/checkpoint_dir.h"
+#include "core/checkpoint/checkpoint_lock.h"
 #include "core/checkpoint/checkpoint_space.h"
 #include "core/config/config.h"
 #include "core/jobs/job_identity.h"
@@ -150,13 +151,16 @@ void run_job(const JobOptions& options, Comm& world) {
   check_run_files(world, config);
   check_stages_fit(world, config, omp_get_max_threads(), plan_command(options),
                    rank_memory(world, *job.backend), host_rank_memory(world));
-  recover_checkpoint_dir(world, config.train.checkpoint.dir);
+  CheckpointDirLock checkpoint_lock(
+      describe_lock_holder("ulysses-train " + command + " -c " + options.config_path));
+  recover_checkpoint_dir(world, config.train.checkpoint.dir, checkpoint_lock);
   const std::string resume_folder =
       options.resume ? agree_resume_folder(world, *options.resume, config.train.checkpoint.dir)
                      : "";
   // At most one optimizer file per rank (ZeRO); their headers are a few KiB each.
   std::vector<std::string> replaced = prepare_checkpoint_dir(
-      world, config.train, checkpoint_bytes(ParamTable(config.model), world.size()), resume_folder);
+      world, config.train, checkpoint_bytes(ParamTable(config.model), world.size()), resume_folder,
+      checkpoint_lock);
   Trainer trainer(config, *job.backend, mesh);
   trainer.replace_after_first_save(std::move(replaced));
   const Stopwatch loading;
