@@ -112,18 +112,6 @@ std::string check_checkpoint_space(const TrainConfig& train, uint64_t checkpoint
   return verdict.error;
 }
 
-// The folder was not there when recover_checkpoint_dir would have locked it. Another run that
-// created it meanwhile holds it, or has already saved there and ended: the inspection that
-// found the folder empty no longer stands.
-std::string lock_created_checkpoint_dir(const std::string& dir, CheckpointDirLock& lock) {
-  std::string error = lock.acquire(dir);
-  if (error.empty() && !checkpoint_step_folders(dir).empty())
-    error = "train.checkpoint.dir '" + dir + "' received checkpoints from another run while " +
-            "this one started; continue that run with --resume auto, or choose another " +
-            "train.checkpoint.dir";
-  return error;
-}
-
 // What a kill left of a prune or a save (the hidden folders of checkpoint_format.h): never a
 // published checkpoint, and only taking space.
 void delete_interrupted_prunes_and_saves(const std::string& checkpoint_dir) {
@@ -202,8 +190,9 @@ std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& 
       if (error.empty())
         error = check_checkpoint_space(train, checkpoint_size, resume_folder, replaced.size());
       if (error.empty()) error = create_checkpoint_dir(checkpoint.dir);
-      if (error.empty() && !lock.acquired())
-        error = lock_created_checkpoint_dir(checkpoint.dir, lock);
+      // A folder that was not there to lock when recovering: another run that created it
+      // meanwhile holds it.
+      if (error.empty() && !lock.acquired()) error = lock.acquire(checkpoint.dir);
     } catch (const std::exception& problem) {
       error = "train.checkpoint.dir '" + checkpoint.dir + "': " + problem.what();
     }

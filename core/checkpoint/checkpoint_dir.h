@@ -41,7 +41,7 @@ std::string agree_resume_folder(Comm& world, const std::string& resume,
 // `latest` that lags behind the newest intact folder. Refuses a folder whose file system cannot
 // hold one checkpoint of checkpoint_size bytes (core/checkpoint/checkpoint_space.h) and warns
 // when it cannot hold what the run keeps. Then creates the folder, locks it if
-// recover_checkpoint_dir found none to lock (refused when another run took it meanwhile) and
+// recover_checkpoint_dir found none to lock (refused when another run took it meanwhile), and
 // test-writes it from every rank.
 std::vector<std::string> prepare_checkpoint_dir(Comm& world, const TrainConfig& train,
                                                 uint64_t checkpoint_size,
