@@ -1,12 +1,17 @@
 // The single-rank trainer: learning, determinism, gradient accumulation, memory bounds.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "core/config/config.h"
 #include "core/model/model.h"
 #include "core/train/optimizer.h"
+#include "core/train/stop_signal.h"
 #include "core/train/trainer.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -225,6 +230,31 @@ TEST(Schedule, WarmupThenCosineLinearOrConstant) {
   EXPECT_FLOAT_EQ(clip_scale(2.0, 1.0), float(1.0 / (2.0 + 1e-6)));
   EXPECT_FLOAT_EQ(clip_scale(0.5, 1.0), 1.0f);
   EXPECT_FLOAT_EQ(clip_scale(5.0, 0.0), 1.0f);
+}
+
+// A stop signal before the first step (start-up of a large model takes minutes): nothing was
+// trained, so the run ends without a step and without a checkpoint (docs/checkpoints.md,
+// "Preemption: SIGTERM and SIGINT"). In a child process, since the signal's flag stays set.
+TEST(TrainerDeathTest, AStopSignalBeforeTheFirstStepEndsTheRunWithoutTrainingOrSaving) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const auto folder = std::filesystem::temp_directory_path() /
+                            ("ulysses-stop-test-" + std::to_string(getpid()));
+        std::filesystem::create_directories(folder);
+        Config config = tiny_config("llama");
+        config.train.steps = 3;
+        config.train.checkpoint.dir = folder.string();
+        config.train.checkpoint.every = 1;
+        TrainerRun run(config);
+        install_stop_handlers();
+        std::raise(SIGTERM);
+        run.trainer->run();
+        const bool nothing_done = run.trainer->step() == 0 && std::filesystem::is_empty(folder);
+        std::filesystem::remove_all(folder);
+        std::exit(nothing_done ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -438,6 +438,14 @@ void Trainer::log_step(const StepRecord& record) {
       100.0 * comm_seconds / r.step_seconds, format_bytes(memory.total_peak), format_duration(eta));
 }
 
+bool Trainer::agree_on_stop() const {
+  // A signal may reach some ranks only: agree on stopping before anyone acts on it.
+  set_phase("agreeing on a stop signal");
+  double stop = stop_requested() ? 1.0 : 0.0;
+  mesh_.world->all_reduce_host(&stop, 1, ReduceOp::max);
+  return stop > 0.0;
+}
+
 void Trainer::run() {
   const TrainConfig& train = config_.train;
   const CheckpointConfig& checkpoint = train.checkpoint;
@@ -450,6 +458,16 @@ void Trainer::run() {
     if (mesh_.world->rank() == 0)
       spdlog::info("checkpoint at step {}, train.steps is {}: nothing to train", step_,
                    train.steps);
+    return;
+  }
+  // A signal during start-up (which takes minutes for a large model) has no step to finish,
+  // and the state is still the one this run started from: nothing to save.
+  if (agree_on_stop()) {
+    if (mesh_.world->rank() == 0)
+      spdlog::warn(
+          "stop requested (signal) before the first step of this run, at step {}: "
+          "nothing new to save, exiting",
+          step_);
     return;
   }
   start_profiling();
@@ -494,11 +512,7 @@ void Trainer::run() {
       }
     }
     bool save_now = !checkpoint.dir.empty() && is_checkpoint_step(checkpoint, step_, train.steps);
-    // A signal may reach some ranks only: agree on stopping before anyone acts on it.
-    set_phase("agreeing on a stop signal");
-    double stop = stop_requested() ? 1.0 : 0.0;
-    mesh_.world->all_reduce_host(&stop, 1, ReduceOp::max);
-    if (stop > 0.0) {
+    if (agree_on_stop()) {
       if (mesh_.world->rank() == 0)
         spdlog::warn("stop requested (signal); {} at step {}",
                      checkpoint.dir.empty() ? "no train.checkpoint.dir, exiting"

@@ -86,6 +86,8 @@ class Trainer {
   void check_same_data(const Dataset& dataset, const char* split) const;
   // What the watchdog names when a collective of this phase waits too long.
   void set_phase(const char* phase) const;
+  // Collective: whether a stop signal reached any rank (core/train/stop_signal.h).
+  bool agree_on_stop() const;
   // A step the optimizer did not take (non-finite or a spike, update says which): throws
   // (abort, or too many skips) or logs a skip.
   void handle_bad_step(const StepResult& result, const OptimizerStepResult& update);
