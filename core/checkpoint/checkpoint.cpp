@@ -223,6 +223,9 @@ void Checkpointer::write_state_and_manifest(const std::string& temp_path,
   state.model.rope_theta = config_.model.rope_theta;
   state.model.norm_eps = config_.model.norm_eps;
   for (int i = 0; i < shards; ++i) state.optimizer_shards.push_back(optimizer_file_name(i, shards));
+  state.data_keys = data_order_keys(config_);
+  state.data_seq_len = progress.seq_len;
+  state.train_sequences = progress.train_sequences;
   write_file_durably(temp_path + "/" + kCheckpointStateFile, trainer_state_json(state));
 
   CheckpointManifest manifest;

@@ -37,6 +37,9 @@ struct CheckpointProgress {
   GuardRecord guard;
   // The checkpoint to go back to: pruning keeps it, a refusal to save names it. "" = none.
   std::string good_folder;
+  // The step's sequence length and the training split's sequences at it (TrainerState).
+  int64_t seq_len = 0;
+  int64_t train_sequences = 0;
 };
 
 class Checkpointer {

@@ -238,6 +238,19 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& pat
     fail(path, "\"optimizer_shards\" is " + shards.dump() + ", not a list of file names");
   for (const json& name : shards)
     state.optimizer_shards.push_back(plain_file_name(name, "optimizer shard", path));
+  if (object.contains("data")) {
+    const json& data = object["data"];
+    if (!data.is_object()) fail(path, "\"data\" is " + data.dump() + ", not an object");
+    const json& keys = field(data, "keys", path);
+    if (!keys.is_object()) fail(path, "\"data\".\"keys\" is " + keys.dump() + ", not an object");
+    for (const auto& [key, value] : keys.items()) {
+      if (!value.is_string())
+        fail(path, "\"data\".\"keys\".\"" + key + "\" is " + value.dump() + ", not a string");
+      state.data_keys[key] = value.get<std::string>();
+    }
+    state.data_seq_len = integer_field(data, "seq_len", path, 1);
+    state.train_sequences = integer_field(data, "train_sequences", path, 1);
+  }
   return state;
 }
 
@@ -263,6 +276,10 @@ std::string trainer_state_json(const TrainerState& state) {
                  {"zero_stage", state.zero_stage},
                  {"model", model_json(state.model)},
                  {"optimizer_shards", state.optimizer_shards}};
+  if (state.train_sequences > 0)
+    object["data"] = {{"keys", state.data_keys},
+                      {"seq_len", state.data_seq_len},
+                      {"train_sequences", state.train_sequences}};
   return object.dump(2) + "\n";
 }
 

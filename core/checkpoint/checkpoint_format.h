@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -85,6 +86,12 @@ struct TrainerState {
   int zero_stage = 0;
   CheckpointModel model;
   std::vector<std::string> optimizer_shards;  // file names in the step folder
+  // What decided the tokens the run read (data_order_keys), and its training split's
+  // sequences at the sequence length of the saved step; empty and 0 in checkpoints of
+  // earlier builds.
+  std::map<std::string, std::string> data_keys;
+  int64_t data_seq_len = 0;
+  int64_t train_sequences = 0;
 };
 
 // Parse and check every field; throw CheckpointError naming path and the field.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -274,5 +275,8 @@ std::string config_reference_markdown();
 std::string config_to_yaml(const Config& config);
 // Every key as "key=value" (resolved values), in the order of the key table.
 std::vector<std::string> config_key_values(const Config& config);
+// The resolved keys that decide which tokens each step reads: every data.* key, train.seed,
+// train.seq_len and train.seq_len_schedule (recorded in checkpoints; docs/checkpoints.md#resuming).
+std::map<std::string, std::string> data_order_keys(const Config& config);
 
 }  // namespace ulysses

@@ -353,6 +353,16 @@ std::vector<std::string> config_key_values(const Config& config) {
   return lines;
 }
 
+std::map<std::string, std::string> data_order_keys(const Config& config) {
+  Config copy = config;
+  std::map<std::string, std::string> keys;
+  for (const Field& field : fields())
+    if (field.key.rfind("data.", 0) == 0 || field.key == "train.seed" ||
+        field.key == "train.seq_len" || field.key == "train.seq_len_schedule")
+      keys[field.key] = scalar_text(copy, field);
+  return keys;
+}
+
 std::string config_reference_markdown() {
   Config defaults;
   std::string text, section = "-";
