@@ -77,6 +77,7 @@ TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
   ASSERT_EQ(full.size(), 6u);
   ASSERT_EQ(resumed.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[i + 3]) << "step " << i + 4;
+  EXPECT_EQ(b.output.find("the data differs"), std::string::npos) << b.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(FamiliesAndSources, ResumeTest,
@@ -383,6 +384,61 @@ TEST_F(CheckpointFixture, ResumingWithAnotherGlobalBatchWarnsThatTheDataOrderCha
   EXPECT_NE(run.output.find("this run reads 1 sequences per step"), std::string::npos)
       << run.output;
   EXPECT_NE(run.output.find("read 2"), std::string::npos) << run.output;
+}
+
+// The checkpoint records what decided the tokens its run read; a resume whose data differs says
+// what changed (docs/checkpoints.md#resuming), one with the same data says nothing.
+TEST(CheckpointData, AResumeWithOtherDataNamesWhatChanged) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
+  testing::write_text_file(dir.file("corpus.txt"), text);
+  const std::string data = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
+  testing::write_text_file(dir.file("c.yaml"),
+                           config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 3));
+  const std::string train = kTrain + " --config " + dir.file("c.yaml");
+  ASSERT_EQ(run_command(train).exit_code, 0);
+  const std::string resume = train + " --resume " + dir.file("ckpt/step_00000003") +
+                             " --set train.checkpoint.dir=" + dir.file("other");
+  auto same = run_command(resume + " --set train.steps=4");
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_EQ(same.output.find("the data differs"), std::string::npos) << same.output;
+  fs::remove_all(dir.file("other"));
+  auto keys = run_command(resume + " --set train.steps=4 --set train.seed=9 --set " +
+                          "data.order=sequential");
+  ASSERT_EQ(keys.exit_code, 0) << keys.output;
+  EXPECT_MENTIONS(keys.output,
+                  "the data differs from the run that wrote the checkpoint: "
+                  "data.order 'sequential' (was 'shuffled'); train.seed '9' (was "
+                  "'5'). The data position follows the step, so from step 4 on");
+  fs::remove_all(dir.file("other"));
+  // The same keys, other files: the corpus grew.
+  testing::write_text_file(dir.file("corpus.txt"), text + text);
+  auto grown = run_command(resume + " --set train.steps=4");
+  ASSERT_EQ(grown.exit_code, 0) << grown.output;
+  EXPECT_MENTIONS(grown.output,
+                  "the data differs from the run that wrote the checkpoint: the "
+                  "training split holds ");
+  EXPECT_MENTIONS(grown.output, " sequences of 32 tokens (was ");
+}
+
+// Under a curriculum the checkpoint's sequence length is a later stage's than the one the
+// resumed run starts building: the split is counted at the recorded length, so nothing differs.
+TEST(CheckpointData, AResumeUnderACurriculumWithTheSameDataSaysNothing) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
+  testing::write_text_file(dir.file("corpus.txt"), text);
+  const std::string data = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
+  testing::write_text_file(dir.file("c.yaml"),
+                           config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 3));
+  const std::string train =
+      kTrain + " --config " + dir.file("c.yaml") + " --set 'train.seq_len_schedule=16@0, 32@2'";
+  ASSERT_EQ(run_command(train).exit_code, 0);
+  auto resumed = run_command(train + " --resume auto --set train.steps=4");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_MENTIONS(resumed.output, "resumed from");
+  EXPECT_EQ(resumed.output.find("the data differs"), std::string::npos) << resumed.output;
 }
 
 TEST(CheckpointDir, UncreatableFolderIsRefusedBeforeTheFirstStep) {

@@ -84,6 +84,34 @@ TEST(TrainerStateFormat, TheGuardRecordIsOptionalRoundTripsAndIsChecked) {
   EXPECT_MENTIONS(state_error(bad), "\"guard\" is 5, not an object");
 }
 
+// What decided the tokens the run read (docs/checkpoints.md#resuming): absent in checkpoints of
+// earlier builds, read back as written, and checked like every other field.
+TEST(TrainerStateFormat, TheDataRecordIsOptionalRoundTripsAndIsChecked) {
+  const TrainerState older = parse_trainer_state(valid_state().dump(), "t.json");
+  EXPECT_TRUE(older.data_keys.empty());
+  EXPECT_EQ(older.train_sequences, 0);
+  EXPECT_EQ(trainer_state_json(older).find("\"data\""), std::string::npos);
+  TrainerState state = older;
+  state.data_keys = {{"data.path", "corpus/*.txt"}, {"train.seed", "5"}};
+  state.data_seq_len = 4096;
+  state.train_sequences = 1200;
+  const TrainerState again = parse_trainer_state(trainer_state_json(state), "t.json");
+  EXPECT_EQ(again.data_keys, state.data_keys);
+  EXPECT_EQ(again.data_seq_len, 4096);
+  EXPECT_EQ(again.train_sequences, 1200);
+  json bad = valid_state();
+  bad["data"] = {{"keys", {{"train.seed", 5}}}, {"seq_len", 32}, {"train_sequences", 3}};
+  EXPECT_MENTIONS(state_error(bad), "\"data\".\"keys\".\"train.seed\" is 5, not a string");
+  bad["data"] = {{"keys", json::array()}, {"seq_len", 32}, {"train_sequences", 3}};
+  EXPECT_MENTIONS(state_error(bad), "\"data\".\"keys\" is [], not an object");
+  bad["data"] = {{"keys", json::object()}, {"seq_len", 0}, {"train_sequences", 3}};
+  EXPECT_MENTIONS(state_error(bad), "\"seq_len\" is 0");
+  bad["data"] = {{"keys", json::object()}, {"seq_len", 32}};
+  EXPECT_MENTIONS(state_error(bad), "has no \"train_sequences\"");
+  bad["data"] = "text";
+  EXPECT_MENTIONS(state_error(bad), "\"data\" is \"text\", not an object");
+}
+
 TEST(TrainerStateFormat, OlderCheckpointsGiveTheirBatchFromTheRunningTotal) {
   json state = valid_state();
   state.erase("sequences_per_step");
