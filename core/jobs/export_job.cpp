@@ -13,7 +13,31 @@
 
 namespace ulysses {
 
+namespace {
+
+// A checkpoint step folder is the trainer's: an export there would replace its files (the
+// HF format's model.safetensors is the checkpoint's name) and break its manifest's checksums.
+std::string checkpoint_folder_problem(const ExportOptions& options) {
+  const std::filesystem::path out(options.out);
+  const std::filesystem::path folder =
+      options.format == "llmc" ? (out.has_parent_path() ? out.parent_path() : ".") : out;
+  std::error_code error;
+  for (const char* file : {kCheckpointManifestFile, kCheckpointStateFile})
+    if (std::filesystem::exists(folder / file, error))
+      return "--out: '" + options.out + "' is " +
+             (options.format == "llmc" ? "in a checkpoint folder ('" + folder.string() + "'"
+                                       : "a checkpoint folder (it") +
+             " holds " + file +
+             "): an export there would replace the checkpoint's files and break "
+             "it; choose a folder of its own";
+  return "";
+}
+
+}  // namespace
+
 std::string export_out_problem(const ExportOptions& options) {
+  const std::string in_checkpoint = checkpoint_folder_problem(options);
+  if (!in_checkpoint.empty()) return in_checkpoint;
   if (options.format == "llmc") {
     const std::string problem = output_file_problem(options.out);
     return problem.empty() ? "" : "--out: " + problem + " (--format llmc writes one .bin file)";
