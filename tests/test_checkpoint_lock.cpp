@@ -1,6 +1,7 @@
 // One run at a time in a checkpoint folder (core/checkpoint/checkpoint_lock.h,
 // docs/checkpoints.md#one-run-per-folder): the lock itself, the folder checks that take it,
-// and a second ulysses-train into the folder of a running one, on one rank and under mpirun.
+// and a second ulysses-train into the folder of a running one, on one rank and under mpirun;
+// and in a metrics file (core/report/metrics.h).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/checkpoint/checkpoint_dir.h"
 #include "core/checkpoint/checkpoint_format.h"
@@ -200,6 +202,38 @@ TEST(CheckpointLockJob, ASecondJobIsRefusedWhileTheFirstRunsAndGoesOnOnceItIsKil
   EXPECT_MENTIONS(out.substr(mpi_at), "resumed from " + ckpt + "/" + checkpoint_folder_name(2));
   EXPECT_FALSE(fs::exists(in_progress)) << "the killed run's leftover is deleted";
   EXPECT_TRUE(fs::exists(ckpt + "/" + checkpoint_folder_name(3)));
+}
+
+// Two runs that name one log.metrics_file (and no checkpoint folder): the second exits 2 before it
+// cuts or writes the file, and the first's lines stay whole, one per step in order.
+TEST(CheckpointLockJob, ASecondJobIsRefusedTheMetricsFileTheFirstWrites) {
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  testing::write_text_file(
+      dir.file("c.yaml"),
+      "model: {family: llama, n_layers: 1, d_model: 32, n_heads: 4, d_ff: 64}\n"
+      "train: {steps: 100000000, batch_size: 1, seq_len: 64, seed: 5}\n"
+      "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n"
+      "log: {every: 1, metrics_file: " +
+          metrics + "}\n");
+  const std::string script = "trap 'kill -KILL $first 2>/dev/null' EXIT\n" + kTrain + " -c " +
+                             dir.file("c.yaml") + " > " + dir.file("first.log") +
+                             " 2>&1 & first=$!\n"
+                             "for i in $(seq 600); do [ -s " +
+                             metrics + " ] && break; sleep 0.1; done\n" + kTrain + " -c " +
+                             dir.file("c.yaml") +
+                             " --set train.steps=3; echo \"second exit $?\"\n"
+                             "kill -KILL $first; wait $first 2>/dev/null; exit 0\n";
+  testing::write_text_file(dir.file("jobs.sh"), script);
+  auto result = run_command("timeout 300 bash " + dir.file("jobs.sh"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_MENTIONS(result.output, "log.metrics_file '" + metrics +
+                                     "' is being written by another run: two runs writing one "
+                                     "file would mix their lines");
+  EXPECT_MENTIONS(result.output, "second exit 2\n");
+  const std::vector<nlohmann::json> lines = testing::read_metrics_lines(metrics);
+  ASSERT_FALSE(lines.empty());
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i].value("step", -1), int(i) + 1);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // object and no step appears twice (docs/checkpoints.md#resuming, docs/failures.md#a-full-disk).
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "core/report/metrics.h"
@@ -30,6 +31,32 @@ TEST(MetricsWriter, AResumedRunDropsATornLastLine) {
   EXPECT_EQ(testing::read_text_file(path), step_line(1));
   MetricsWriter(path, std::nullopt).write({{"step", 9}});
   EXPECT_EQ(testing::read_text_file(path), step_line(9));
+}
+
+// Two runs naming one file (docs/configuration.md, `log`): the second is refused before it cuts
+// or writes anything, fresh or resumed; once the first has closed it, the file is free.
+TEST(MetricsWriter, ASecondWriterOfTheSameFileIsRefusedAndCutsNothing) {
+  TempDir dir;
+  const std::string path = dir.file("m.jsonl");
+  {
+    MetricsWriter first(path, std::nullopt);
+    for (int step = 1; step <= 3; ++step) first.write({{"step", step}});
+    for (const std::optional<int64_t> resumed :
+         {std::optional<int64_t>(), std::optional<int64_t>(1)}) {
+      try {
+        MetricsWriter second(path, resumed);
+        ADD_FAILURE() << "a second writer was let in";
+      } catch (const MetricsFileInUse& error) {
+        EXPECT_MENTIONS(error.what(),
+                        "log.metrics_file '" + path + "' is being written by another run");
+      }
+    }
+    first.write({{"step", 4}});
+    EXPECT_EQ(testing::read_text_file(path),
+              step_line(1) + step_line(2) + step_line(3) + step_line(4));
+  }
+  MetricsWriter(path, 2).write({{"step", 3}});
+  EXPECT_EQ(testing::read_text_file(path), step_line(1) + step_line(2) + step_line(3));
 }
 
 // Killed at step 6 after a checkpoint at step 4, with an evaluation at step 4: the run resumed

@@ -1,6 +1,7 @@
 #include "core/report/metrics.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,12 +65,24 @@ void keep_lines_through_step(const std::string& path, int64_t last_step) {
 MetricsWriter::MetricsWriter(const std::string& path, std::optional<int64_t> resumed_step)
     : path_(path) {
   if (path.empty()) return;
-  if (resumed_step) keep_lines_through_step(path, *resumed_step);
-  file_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resumed_step ? O_APPEND : O_TRUNC),
-                 0644);
+  file_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (file_ < 0)
     throw std::runtime_error("cannot open log.metrics_file '" + path +
                              "' for writing: " + std::strerror(errno));
+  // Before the file is cut: another run writing it keeps its lines.
+  int locked;
+  do {
+    locked = ::flock(file_, LOCK_EX | LOCK_NB);
+  } while (locked != 0 && errno == EINTR);
+  if (locked != 0 && errno == EWOULDBLOCK)
+    throw MetricsFileInUse("log.metrics_file '" + path +
+                           "' is being written by another run: two runs writing one file would "
+                           "mix their lines; give this run a log.metrics_file of its own");
+  if (resumed_step)
+    keep_lines_through_step(path, *resumed_step);
+  else if (::ftruncate(file_, 0) != 0)
+    throw std::runtime_error("cannot empty log.metrics_file '" + path +
+                             "' for a fresh run: " + std::strerror(errno));
   whole_lines_end_ = ::lseek(file_, 0, SEEK_END);
 }
 

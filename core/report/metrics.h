@@ -2,7 +2,9 @@
 // crashed run keeps every line it reported. A line is whole or absent: a write that fails (a
 // full disk) takes back what it wrote. A resumed run keeps the lines through its checkpoint's
 // step and appends after them: the lines of steps it trains again (written after that
-// checkpoint, before a kill) and a torn last line are dropped, so each step has one line.
+// checkpoint, before a kill) and a torn last line are dropped, so each step has one line. The
+// writer holds an exclusive flock(2) on the file while it lives: a second run that names the
+// same file is refused before it cuts or writes anything (docs/configuration.md, `log`).
 #pragma once
 
 #include <sys/types.h>
@@ -10,11 +12,18 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/memory.h"
 
 namespace ulysses {
+
+// Another run writes the file (bad input: each run needs its own).
+class MetricsFileInUse : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class MetricsWriter {
  public:

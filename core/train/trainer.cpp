@@ -486,9 +486,19 @@ bool Trainer::agree_on_stop() const {
 void Trainer::run() {
   const TrainConfig& train = config_.train;
   const CheckpointConfig& checkpoint = train.checkpoint;
-  if (mesh_.world->rank() == 0)
-    metrics_ = std::make_unique<MetricsWriter>(
-        config_.log.metrics_file, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt);
+  std::string in_use, failed;
+  if (mesh_.world->rank() == 0) {
+    try {
+      metrics_ = std::make_unique<MetricsWriter>(
+          config_.log.metrics_file, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt);
+    } catch (const MetricsFileInUse& problem) {
+      in_use = problem.what();
+    } catch (const std::exception& problem) {
+      failed = problem.what();
+    }
+  }
+  agree_on_failure(*mesh_.world, in_use, ExitCode::bad_input);
+  agree_on_failure(*mesh_.world, failed, ExitCode::runtime);
   std::vector<const Comm*> comms = {mesh_.world, mesh_.sp.get(), mesh_.dp.get()};
   if (mesh_.ring) comms.insert(comms.end(), {mesh_.ulysses.get(), mesh_.ring.get()});
   if (step_ >= train.steps) {
