@@ -276,7 +276,11 @@ const std::vector<Field>& fields() {
        "native (one log line says which and why; the cpu backend is always native)"},
 
       {ULYSSES_KEY(log.every), at_least(1), "", "steps between log lines"},
-      {ULYSSES_KEY(log.metrics_file), {}, "path", "JSON-lines metrics file; empty = none"},
+      {ULYSSES_KEY(log.metrics_file),
+       {},
+       "path",
+       "JSON-lines metrics file, one run's at a time (a second run naming it while the first "
+       "writes exits 2); empty = none"},
       {ULYSSES_KEY(log.trace_file),
        {},
        "path",
