@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <limits>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -14,6 +13,7 @@
 #include "core/config/seq_len_schedule.h"
 #include "core/report/trace_file.h"
 #include "core/train/optimizer_step.h"
+#include "core/train/resume_warnings.h"
 #include "core/train/stop_signal.h"
 #include "kernels/stopwatch.h"
 #include "parallel/agreement.h"
@@ -158,47 +158,9 @@ void Trainer::resume(const std::string& folder) {
   spdlog::info("resumed from {} at step {} (written by world {} = sp {} x dp {}, ZeRO stage {})",
                folder, step_, state.world_size, state.sp, state.world_size / state.sp,
                state.zero_stage);
-  const int64_t sequences_per_step =
-      int64_t(config_.train.grad_accum) * config_.train.batch_size * mesh_.dp_size;
-  if (state.sequences_per_step > 0 && state.sequences_per_step != sequences_per_step)
-    spdlog::warn(
-        "this run reads {} sequences per step (train.grad_accum x train.batch_size x dp), the "
-        "run that wrote the checkpoint read {}: the data position follows the step, so from step "
-        "{} on this run sees other sequences than the original run would have",
-        sequences_per_step, state.sequences_per_step, step_ + 1);
-  const std::string changes = data_changes_since(state);
-  if (!changes.empty())
-    spdlog::warn(
-        "the data differs from the run that wrote the checkpoint: {}. The data position follows "
-        "the step, so from step {} on this run reads other tokens than the original run would "
-        "have (docs/checkpoints.md#resuming)",
-        changes, step_ + 1);
-}
-
-std::string Trainer::data_changes_since(const TrainerState& state) const {
-  if (state.train_sequences == 0) return "";  // a checkpoint of an earlier build
-  std::vector<std::string> changes;
-  const std::map<std::string, std::string> keys = data_order_keys(config_);
-  for (const auto& [key, recorded] : state.data_keys) {
-    const auto now = keys.find(key);
-    if (now == keys.end())
-      changes.push_back(key + " is no longer a key (was '" + recorded + "')");
-    else if (now->second != recorded)
-      changes.push_back(key + " '" + now->second + "' (was '" + recorded + "')");
-  }
-  // The same keys can name other data: files added to a folder or a glob, or rewritten.
-  const int64_t sequences = state.data_seq_len == seq_len_
-                                ? train_data_->num_sequences()
-                                : make_dataset(config_.data, Split::train, state.data_seq_len,
-                                               config_.model.vocab_size, config_.train.seed)
-                                      ->num_sequences();
-  if (sequences != state.train_sequences)
-    changes.push_back("the training split holds " + std::to_string(sequences) + " sequences of " +
-                      std::to_string(state.data_seq_len) + " tokens (was " +
-                      std::to_string(state.train_sequences) + ")");
-  std::string text;
-  for (const std::string& change : changes) text += (text.empty() ? "" : "; ") + change;
-  return text;
+  for (const std::string& warning :
+       resume_warnings(config_, state, mesh_.dp_size, seq_len_, *train_data_))
+    spdlog::warn("{}", warning);
 }
 
 std::string Trainer::save_checkpoint() {

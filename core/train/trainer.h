@@ -88,9 +88,6 @@ class Trainer {
   void set_phase(const char* phase) const;
   // Collective: whether a stop signal reached any rank (core/train/stop_signal.h).
   bool agree_on_stop() const;
-  // What changed in the data since the run that wrote a checkpoint: the keys that decide the
-  // tokens each step reads, and the training split's size; "" when nothing did.
-  std::string data_changes_since(const TrainerState& state) const;
   // A step the optimizer did not take (non-finite or a spike, update says which): throws
   // (abort, or too many skips) or logs a skip.
   void handle_bad_step(const StepResult& result, const OptimizerStepResult& update);
