@@ -37,6 +37,13 @@ std::string config_yaml(const std::string& family, const std::string& data_yaml,
          checkpoint_dir + ", every: 1}}\n" + data_yaml + "log: {metrics_file: " + metrics + "}\n";
 }
 
+// 400 short lines: a text corpus of some hundred 32-token sequences.
+std::string corpus_text() {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
+  return text;
+}
+
 class ResumeTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
@@ -46,14 +53,10 @@ TEST_P(ResumeTest, LossesAfterResumeEqualAnUninterruptedRun) {
   if (source == "synthetic") {
     data_yaml = "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
   } else if (source == "text") {
-    std::string text;
-    for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
-    testing::write_text_file(dir.file("corpus.txt"), text);
+    testing::write_text_file(dir.file("corpus.txt"), corpus_text());
     data_yaml = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
   } else if (source == "text-sequential") {
-    std::string text;
-    for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
-    testing::write_text_file(dir.file("corpus.txt"), text);
+    testing::write_text_file(dir.file("corpus.txt"), corpus_text());
     data_yaml = "data: {source: text, path: " + dir.file("corpus.txt") + ", order: sequential}\n";
     // The other schedule too: the learning rate is a function of the step, so resume is exact.
     schedule = " --set train.schedule=linear --set train.min_lr=3e-4";
@@ -388,22 +391,27 @@ TEST_F(CheckpointFixture, ResumingWithAnotherGlobalBatchWarnsThatTheDataOrderCha
 
 // The checkpoint records what decided the tokens its run read; a resume whose data differs says
 // what changed (docs/checkpoints.md#resuming), one with the same data says nothing.
-TEST(CheckpointData, AResumeWithOtherDataNamesWhatChanged) {
-  TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
-  testing::write_text_file(dir.file("corpus.txt"), text);
-  const std::string data = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
-  testing::write_text_file(dir.file("c.yaml"),
-                           config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 3));
-  const std::string train = kTrain + " --config " + dir.file("c.yaml");
+class CheckpointData : public ::testing::Test {
+ protected:
+  // A 3-step run on a text corpus, its checkpoints in ckpt/.
+  void SetUp() override {
+    testing::write_text_file(dir_.file("corpus.txt"), corpus_text());
+    const std::string data = "data: {source: text, path: " + dir_.file("corpus.txt") + "}\n";
+    testing::write_text_file(dir_.file("c.yaml"), config_yaml("llama", data, dir_.file("ckpt"),
+                                                              dir_.file("m.jsonl"), 3));
+  }
+  TempDir dir_;
+};
+
+TEST_F(CheckpointData, AResumeWithOtherDataNamesWhatChanged) {
+  const std::string train = kTrain + " --config " + dir_.file("c.yaml");
   ASSERT_EQ(run_command(train).exit_code, 0);
-  const std::string resume = train + " --resume " + dir.file("ckpt/step_00000003") +
-                             " --set train.checkpoint.dir=" + dir.file("other");
+  const std::string resume = train + " --resume " + dir_.file("ckpt/step_00000003") +
+                             " --set train.checkpoint.dir=" + dir_.file("other");
   auto same = run_command(resume + " --set train.steps=4");
   ASSERT_EQ(same.exit_code, 0) << same.output;
   EXPECT_EQ(same.output.find("the data differs"), std::string::npos) << same.output;
-  fs::remove_all(dir.file("other"));
+  fs::remove_all(dir_.file("other"));
   auto keys = run_command(resume + " --set train.steps=4 --set train.seed=9 --set " +
                           "data.order=sequential");
   ASSERT_EQ(keys.exit_code, 0) << keys.output;
@@ -411,9 +419,9 @@ TEST(CheckpointData, AResumeWithOtherDataNamesWhatChanged) {
                   "the data differs from the run that wrote the checkpoint: "
                   "data.order 'sequential' (was 'shuffled'); train.seed '9' (was "
                   "'5'). The data position follows the step, so from step 4 on");
-  fs::remove_all(dir.file("other"));
+  fs::remove_all(dir_.file("other"));
   // The same keys, other files: the corpus grew.
-  testing::write_text_file(dir.file("corpus.txt"), text + text);
+  testing::write_text_file(dir_.file("corpus.txt"), corpus_text() + corpus_text());
   auto grown = run_command(resume + " --set train.steps=4");
   ASSERT_EQ(grown.exit_code, 0) << grown.output;
   EXPECT_MENTIONS(grown.output,
@@ -424,16 +432,9 @@ TEST(CheckpointData, AResumeWithOtherDataNamesWhatChanged) {
 
 // Under a curriculum the checkpoint's sequence length is a later stage's than the one the
 // resumed run starts building: the split is counted at the recorded length, so nothing differs.
-TEST(CheckpointData, AResumeUnderACurriculumWithTheSameDataSaysNothing) {
-  TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i * 7919 % 1000) + " of text\n";
-  testing::write_text_file(dir.file("corpus.txt"), text);
-  const std::string data = "data: {source: text, path: " + dir.file("corpus.txt") + "}\n";
-  testing::write_text_file(dir.file("c.yaml"),
-                           config_yaml("llama", data, dir.file("ckpt"), dir.file("m.jsonl"), 3));
+TEST_F(CheckpointData, AResumeUnderACurriculumWithTheSameDataSaysNothing) {
   const std::string train =
-      kTrain + " --config " + dir.file("c.yaml") + " --set 'train.seq_len_schedule=16@0, 32@2'";
+      kTrain + " --config " + dir_.file("c.yaml") + " --set 'train.seq_len_schedule=16@0, 32@2'";
   ASSERT_EQ(run_command(train).exit_code, 0);
   auto resumed = run_command(train + " --resume auto --set train.steps=4");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
