@@ -11,8 +11,9 @@ namespace ulysses {
 
 // Collective: log.metrics_file and log.trace_file can be written (their folder exists and is
 // writable, an existing file opens for appending; nothing is created), and data.val_path names
-// readable files even when train.eval_every is 0. Every rank throws JobError(bad_input)
-// together, rank 0 naming the key.
+// readable files even when train.eval_every is 0, and no output (the checkpoint folder, those
+// files) is where data.path or data.val_path would read it. Every rank throws
+// JobError(bad_input) together, rank 0 naming the key.
 void check_run_files(Comm& world, const Config& config);
 
 }  // namespace ulysses
