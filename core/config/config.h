@@ -275,8 +275,9 @@ std::string config_reference_markdown();
 std::string config_to_yaml(const Config& config);
 // Every key as "key=value" (resolved values), in the order of the key table.
 std::vector<std::string> config_key_values(const Config& config);
-// The resolved keys that decide which tokens each step reads: every data.* key, train.seed,
-// train.seq_len and train.seq_len_schedule (recorded in checkpoints; docs/checkpoints.md#resuming).
+// The resolved keys that decide which tokens each step reads: the data.* keys of the configured
+// kind of source (synthetic, or files), train.seed, train.seq_len and train.seq_len_schedule
+// (recorded in checkpoints; docs/checkpoints.md#resuming).
 std::map<std::string, std::string> data_order_keys(const Config& config);
 
 }  // namespace ulysses

@@ -1,5 +1,6 @@
 #include "core/config/config_keys.h"
 
+#include <set>
 #include <sstream>
 
 namespace ulysses {
@@ -358,12 +359,26 @@ std::vector<std::string> config_key_values(const Config& config) {
 }
 
 std::map<std::string, std::string> data_order_keys(const Config& config) {
+  // The keys of the other kind of source do not change what this one reads.
+  static const std::set<std::string> synthetic_only = {"data.n_pairs",
+                                                       "data.n_queries",
+                                                       "data.n_keys",
+                                                       "data.n_values",
+                                                       "data.n_filler",
+                                                       "data.plant_fraction",
+                                                       "data.documents_per_sequence",
+                                                       "data.ask_previous_document"};
+  static const std::set<std::string> files_only = {
+      "data.path", "data.val_path", "data.val_fraction", "data.order", "data.eos_id"};
+  const bool synthetic = config.data.source == DataSource::synthetic;
   Config copy = config;
   std::map<std::string, std::string> keys;
-  for (const Field& field : fields())
+  for (const Field& field : fields()) {
+    if ((synthetic ? files_only : synthetic_only).count(field.key)) continue;
     if (field.key.rfind("data.", 0) == 0 || field.key == "train.seed" ||
         field.key == "train.seq_len" || field.key == "train.seq_len_schedule")
       keys[field.key] = scalar_text(copy, field);
+  }
   return keys;
 }
 
