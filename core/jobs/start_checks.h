@@ -1,7 +1,9 @@
 // What a training run checks before it builds the model besides its memory
 // (core/jobs/memory_fit.h): the files it writes or reads only later (log.metrics_file,
-// log.trace_file, data.val_path). Without it, a run trained and then failed at the first log
-// line, after the last step, or at its first evaluation (docs/failures.md, "Bad input").
+// log.trace_file, data.val_path), and that none of its outputs is where its data is read.
+// Without it, a run trained and then failed at the first log line, after the last step, or at
+// its first evaluation, and a log file named like the data file destroyed it (docs/failures.md,
+// "Bad input").
 #pragma once
 
 #include "core/config/config.h"
