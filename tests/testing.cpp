@@ -12,7 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "core/checkpoint/checkpoint_lock.h"
+#include "core/checkpoint/checkpoint_format.h"
 
 namespace ulysses::testing {
 

@@ -39,6 +39,8 @@ inline constexpr const char* kOverwriteDeletingFolder = ".overwrite-deleting";
 // What a kill leaves of either, the next start deletes (core/checkpoint/checkpoint_dir.h).
 inline constexpr const char* kSavingPrefix = ".tmp-";
 inline constexpr const char* kPruningPrefix = ".pruning-";
+// The file whose flock(2) the run using the folder holds (core/checkpoint/checkpoint_lock.h).
+inline constexpr const char* kCheckpointLockFile = ".lock";
 
 // "step_00001000"
 std::string checkpoint_folder_name(int64_t step);

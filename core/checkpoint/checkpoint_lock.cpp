@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+
+#include "core/checkpoint/checkpoint_format.h"
+#include "core/checkpoint/file_util.h"
 
 namespace ulysses {
 
@@ -48,11 +50,8 @@ std::string CheckpointDirLock::acquire(const std::string& dir) {
     acquired_ = true;
     return "";
   }
-  int result;
-  do {
-    result = flock(fd, LOCK_EX | LOCK_NB);
-  } while (result != 0 && errno == EINTR);
-  if (result != 0 && errno == EWOULDBLOCK) {
+  const ExclusiveLock lock = try_lock_exclusive(fd);
+  if (lock == ExclusiveLock::held_elsewhere) {
     const std::string other = read_holder(fd);
     close(fd);
     return "train.checkpoint.dir '" + dir + "' is in use by another run (" +
@@ -62,7 +61,7 @@ std::string CheckpointDirLock::acquire(const std::string& dir) {
            "train.checkpoint.dir";
   }
   acquired_ = true;
-  if (result != 0) {
+  if (lock == ExclusiveLock::unsupported) {
     spdlog::warn(
         "train.checkpoint.dir '{}': cannot lock {} ({}), so nothing stops a second run from "
         "saving into this folder at the same time: make sure only one run uses it",

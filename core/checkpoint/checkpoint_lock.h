@@ -2,16 +2,15 @@
 // saving into one folder would replace each other's step folders, prune each other's
 // checkpoints and leave `latest` naming whichever saved last; a second run started with
 // --resume auto would even delete the first one's save in progress as a leftover. So rank 0
-// holds an exclusive flock(2) on `<dir>/.lock` for the whole run. The kernel drops it when
-// the process ends, however it ends (SIGKILL too): a lock is never left behind by a dead run.
+// holds an exclusive flock(2) on `<dir>/.lock` (kCheckpointLockFile) for the whole run. The kernel
+// drops it when the process ends, however it ends (SIGKILL too): a lock is never left behind by a
+// dead run.
 #pragma once
 
 #include <string>
 #include <utility>
 
 namespace ulysses {
-
-inline constexpr const char* kCheckpointLockFile = ".lock";
 
 class CheckpointDirLock {
  public:

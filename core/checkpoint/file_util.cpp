@@ -1,6 +1,7 @@
 #include "core/checkpoint/file_util.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <array>
@@ -120,6 +121,15 @@ void rename_or_throw(const std::string& from, const std::string& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0)
     throw std::runtime_error("cannot rename '" + from + "' to '" + to +
                              "': " + std::strerror(errno));
+}
+
+ExclusiveLock try_lock_exclusive(int fd) {
+  int result;
+  do {
+    result = flock(fd, LOCK_EX | LOCK_NB);
+  } while (result != 0 && errno == EINTR);
+  if (result == 0) return ExclusiveLock::taken;
+  return errno == EWOULDBLOCK ? ExclusiveLock::held_elsewhere : ExclusiveLock::unsupported;
 }
 
 }  // namespace ulysses

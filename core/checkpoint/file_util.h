@@ -1,6 +1,7 @@
 // File operations: durable writes for checkpoints (nothing is visible under its final name
 // until it is complete and on disk), whole-file reads of regular files only
-// (data/input_file.h), and the check of a path a run writes later.
+// (data/input_file.h), the check of a path a run writes later, and the lock one run holds on
+// what it writes.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +29,10 @@ void fsync_directory(const std::string& path);
 std::string output_file_problem(const std::string& path);
 // rename(2) that throws with both names on failure.
 void rename_or_throw(const std::string& from, const std::string& to);
+
+// An exclusive flock(2) on an open file, without waiting: taken, held by another open file (a
+// second run), or not possible on this file system (`errno` says why).
+enum class ExclusiveLock { taken, held_elsewhere, unsupported };
+ExclusiveLock try_lock_exclusive(int fd);
 
 }  // namespace ulysses

@@ -1,7 +1,6 @@
 #include "core/report/metrics.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +9,8 @@
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+
+#include "core/checkpoint/file_util.h"
 
 namespace ulysses {
 
@@ -65,24 +66,26 @@ void keep_lines_through_step(const std::string& path, int64_t last_step) {
 MetricsWriter::MetricsWriter(const std::string& path, std::optional<int64_t> resumed_step)
     : path_(path) {
   if (path.empty()) return;
-  file_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (file_ < 0)
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
     throw std::runtime_error("cannot open log.metrics_file '" + path +
                              "' for writing: " + std::strerror(errno));
-  // Before the file is cut: another run writing it keeps its lines.
-  int locked;
-  do {
-    locked = ::flock(file_, LOCK_EX | LOCK_NB);
-  } while (locked != 0 && errno == EINTR);
-  if (locked != 0 && errno == EWOULDBLOCK)
-    throw MetricsFileInUse("log.metrics_file '" + path +
-                           "' is being written by another run: two runs writing one file would "
-                           "mix their lines; give this run a log.metrics_file of its own");
-  if (resumed_step)
-    keep_lines_through_step(path, *resumed_step);
-  else if (::ftruncate(file_, 0) != 0)
-    throw std::runtime_error("cannot empty log.metrics_file '" + path +
-                             "' for a fresh run: " + std::strerror(errno));
+  try {
+    // Before the file is cut: another run writing it keeps its lines.
+    if (try_lock_exclusive(fd) == ExclusiveLock::held_elsewhere)
+      throw MetricsFileInUse("log.metrics_file '" + path +
+                             "' is being written by another run: two runs writing one file "
+                             "would mix their lines; give this run a log.metrics_file of its own");
+    if (resumed_step)
+      keep_lines_through_step(path, *resumed_step);
+    else if (::ftruncate(fd, 0) != 0)
+      throw std::runtime_error("cannot empty log.metrics_file '" + path +
+                               "' for a fresh run: " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);  // and the lock with it: the destructor of a writer that throws never runs
+    throw;
+  }
+  file_ = fd;
   whole_lines_end_ = ::lseek(file_, 0, SEEK_END);
 }
 
