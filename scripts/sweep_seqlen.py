@@ -6,38 +6,51 @@ ZeRO stages x activation checkpointing x head chunks x tiled MLP x offloaded lay
 one CSV row per run (a failed run is a row with its error), draws PNG plots with gnuplot (one
 panel per sp, and per-category bars of each option set's longest run), and with --budget-gib
 finds the longest sequence whose per-rank peak tracked memory fits the budget (doubling, then
-bisection)."""
+bisection). Started again into the same --out, a sweep continues where it stopped."""
 import argparse
 import csv
 import json
 import os
 import re
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 
-CATEGORIES = ["params", "grads", "optimizer", "activations", "checkpoints", "checkpoints_host",
-              "attention", "mlp", "comm", "workspace"]
-COLOURS = {"params": "#4e79a7", "grads": "#a0cbe8", "optimizer": "#f28e2b", "activations": "#ffbe7d",
-           "checkpoints": "#59a14f", "checkpoints_host": "#8cd17d", "attention": "#e15759",
-           "mlp": "#b6992d", "comm": "#79706e", "workspace": "#b07aa1"}
-# Device memory: what the budget and the total count (checkpoints_host is the host's).
-DEVICE_CATEGORIES = [c for c in CATEGORIES if c != "checkpoints_host"]
-FIELDS = (["seq_len", "sp", "zero_stage", "checkpointing", "tokens_per_s", "step_s", "comm_share"]
-          + [f"peak_{c}_bytes" for c in CATEGORIES]
-          + ["peak_total_bytes", "exit_status", "error", "head_chunks", "tiled_mlp", "offload"])
+from sweep_plots import CATEGORIES, option_label, plot, read_rows
+from sweep_table import TIMED_OUT, SweepRefused, SweepTable, file_sha256, row_key
+
+# The trainer keys each run sets, and the sweep option that chooses them: a --set of one would
+# make the rows say one thing and measure another.
+SWEEP_KEYS = {"train.seq_len": "--seq-lens", "model.max_seq_len": "--seq-lens",
+              "parallel.sp": "--sp", "parallel.zero_stage": "--zero", "memory.activation_checkpointing": "--checkpointing",
+              "parallel.head_chunks": "--head-chunks", "memory.tiled_mlp": "--tiled-mlp",
+              "memory.offload_checkpoints": "--offload", "train.steps": "--steps",
+              "memory.limit_gib": "--budget-gib", "train.eval_every": None,
+              "train.warmup_steps": None, "train.checkpoint.dir": None, "log.metrics_file": None,
+              "log.every": None}
 
 
-def option_label(row):
-    label = f"zero{row['zero_stage']} {row['checkpointing']}"
-    if int(row.get("head_chunks", 1)) > 1:
-        label += f" U{row['head_chunks']}"
-    if row.get("tiled_mlp", "false") != "false":
-        label += f" tiles:{row['tiled_mlp']}"
-    if row.get("offload", "false") == "true":
-        label += " offload"
-    return label
+class Stopped(Exception):
+    """The sweep got SIGTERM or SIGHUP."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def end_job(job):
+    """Ends a running mpirun: SIGTERM, which it passes to its ranks, then SIGKILL."""
+    job.terminate()
+    try:
+        job.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.communicate()
 
 
 def run_one(args, seq_len, sp, combo, limit_gib, workdir):
@@ -60,13 +73,17 @@ def run_one(args, seq_len, sp, combo, limit_gib, workdir):
         command += ["--set", extra]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True,
-                              timeout=args.timeout)
-        status, output = done.returncode, done.stdout + done.stderr
-        output = re.sub(r"\x1b\[[0-9;]*m", "", output)
+        output, _ = job.communicate(timeout=args.timeout)
+        status, output = job.returncode, re.sub(r"\x1b\[[0-9;]*m", "", output)
     except subprocess.TimeoutExpired:
-        status, output = 124, f"timed out after {args.timeout} s"
+        end_job(job)
+        status, output = TIMED_OUT, f"timed out after {args.timeout} s"
+    except BaseException:  # a signal to the sweep ends its run too, which is then not a row
+        end_job(job)
+        raise
     row = {"seq_len": seq_len, "sp": sp, "zero_stage": zero, "checkpointing": checkpointing,
            "head_chunks": head_chunks, "tiled_mlp": tiled_mlp, "offload": offload,
            "exit_status": status, "error": ""}
@@ -89,93 +106,78 @@ def run_one(args, seq_len, sp, combo, limit_gib, workdir):
     return row
 
 
-def read_rows(paths):
-    rows = []
-    for path in paths:
-        with open(path) as f:
-            for row in csv.DictReader(f):
-                for key in ["seq_len", "sp", "zero_stage", "exit_status"]:
-                    row[key] = int(row[key])
-                for key, value in list(row.items()):
-                    if key.startswith("peak_") or key in ("tokens_per_s", "step_s", "comm_share"):
-                        row[key] = float(value) if value else 0.0
-                rows.append(row)
-    return rows
+def fits(row):
+    return row["exit_status"] == 0 and not row["error"]
 
 
-def gnuplot(script):
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+def over_budget(row):
+    """A run that failed on memory.limit_gib (an allocation past it, or a curriculum stage
+    planned past it), as opposed to one that failed for another reason."""
+    return row["exit_status"] != 0 and "memory.limit_gib" in row["error"]
 
 
-def plot(rows, out_dir, longest=None):
-    """memory.png and throughput.png: one panel per sp, a line per option set (distinct colours
-    and markers, log-2 sequence axis); categories.png: the per-category peak of each option
-    set's longest successful run, as stacked bars, one panel per sp."""
-    if not shutil.which("gnuplot"):
-        print("sweep: gnuplot not found, no plots", file=sys.stderr)
-        return
-    good = [r for r in rows if r["exit_status"] == 0]
-    sps = sorted({r["sp"] for r in good})
-    if not sps:
-        return
-    labels = sorted({option_label(r) for r in good})
-    for column, name, ylabel in [("peak_total_bytes", "memory", "peak tracked MiB per rank"),
-                                 ("tokens_per_s", "throughput", "tokens/s")]:
-        lines = [f"set terminal png size {480 * len(sps)},520 noenhanced",
-                 f"set output '{os.path.join(out_dir, name)}.png'",
-                 f"set multiplot layout 1,{len(sps)} title '{ylabel}'",
-                 "set logscale x 2", "set logscale y", "set grid", "set key left top font ',8'",
-                 "set xlabel 'sequence length'"]
-        for sp in sps:
-            plots = []
-            for index, label in enumerate(labels):
-                points = sorted((r for r in good if r["sp"] == sp and option_label(r) == label),
-                                key=lambda r: r["seq_len"])
-                if not points:
-                    continue
-                values = "\n".join(
-                    f"{p['seq_len']} {p[column] / 2**20 if column == 'peak_total_bytes' else p[column]}"
-                    for p in points)
-                plots.append((f"'-' using 1:2 with linespoints lc {index + 1} pt {index + 1} "
-                              f"title '{label}'", values))
-            lines.append(f"set title 'sp {sp}'")
-            if plots:
-                lines.append("plot " + ", ".join(p[0] for p in plots))
-                for _, values in plots:
-                    lines += [values, "e"]
-        lines.append("unset multiplot")
-        gnuplot("\n".join(lines) + "\n")
+def failure(row):
+    return f"failed at {row['seq_len']} tokens (exit {row['exit_status']}): {row['error']}"
 
-    # Per-category bars of the longest run of each option set.
-    chosen = {}
-    for r in good:
-        key = (r["sp"], option_label(r))
-        if key not in chosen or r["seq_len"] > chosen[key]["seq_len"]:
-            chosen[key] = r
-    shown = [c for c in DEVICE_CATEGORIES + ["checkpoints_host"]
-             if any(r.get(f"peak_{c}_bytes", 0) for r in chosen.values())]
-    lines = [f"set terminal png size {520 * len(sps)},560 noenhanced",
-             f"set output '{os.path.join(out_dir, 'categories')}.png'",
-             f"set multiplot layout 1,{len(sps)} title 'peak tracked MiB per rank by category, "
-             "longest run of each option set (N = its length)'",
-             "set style data histograms", "set style histogram rowstacked",
-             "set style fill solid 0.9 border -1", "set boxwidth 0.7", "set grid y",
-             "set key outside bottom center horizontal font ',8'", "set xtics rotate by -35 font ',8'"]
-    for sp in sps:
-        runs = [chosen[k] for k in sorted(chosen) if k[0] == sp]
-        lines.append(f"set title 'sp {sp}'")
-        parts = []
-        for i, category in enumerate(shown):
-            xtic = ":xtic(1)" if i == 0 else ""
-            parts.append(f"'-' using 2{xtic} lc rgb '{COLOURS[category]}' title '{category}'")
-        lines.append("plot " + ", ".join(parts))
-        for category in shown:
-            for r in runs:
-                label = f"{option_label(r)} N={r['seq_len']}".replace(" ", "\\n", 1)
-                lines.append(f"\"{label}\" {r.get(f'peak_{category}_bytes', 0) / 2**20}")
-            lines.append("e")
-    lines.append("unset multiplot")
-    gnuplot("\n".join(lines) + "\n")
+
+def longest_within_budget(measure, sp, option, args, seq_lens):
+    """Doubles the length from the first of seq_lens until a run goes over the budget, then
+    bisects in steps of 64·sp tokens. Returns (longest length that fit, its row, what ended the
+    search: 'budget', 'max_seq_len', or the failure of a run that failed for another reason,
+    which no other length would answer)."""
+    step = 64 * sp
+    good, bad, best_row = 0, None, None
+    seq_len = max(seq_lens[0] // step * step, step)
+    while seq_len <= args.max_seq_len:
+        row = measure(seq_len, sp, option, args.budget_gib)
+        if fits(row):
+            good, best_row, seq_len = seq_len, row, seq_len * 2
+        elif over_budget(row):
+            bad = seq_len
+            break
+        else:
+            return good, best_row, failure(row)
+    if bad is None:
+        return good, best_row, "max_seq_len"
+    while bad - good > step:
+        middle = (good + bad) // 2 // step * step
+        row = measure(middle, sp, option, args.budget_gib)
+        if fits(row):
+            good, best_row = middle, row
+        elif over_budget(row):
+            bad = middle
+        else:
+            return good, best_row, failure(row)
+    return good, best_row, "budget"
+
+
+def write_longest(path, longest, budget_gib):
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["sp", "zero_stage", "checkpointing", "head_chunks", "tiled_mlp", "offload",
+                         "budget_gib", "tokens_per_s", "ended_by", "longest_seq_len"])
+        for (sp, (zero, ck, u, tiles, offload)), (good, row, ended_by) in longest.items():
+            speed = row["tokens_per_s"] if row else ""
+            writer.writerow([sp, zero, ck, u, tiles, offload, budget_gib, speed, ended_by, good])
+            found = f"{good or 'none fits'}" + (f" at {speed} tok/s" if row else "")
+            if ended_by == "max_seq_len":
+                found += f" (every length up to --max-seq-len {good} fits)"
+            elif ended_by != "budget":
+                found = f"search ended: {ended_by}; longest that fit before it: {good or 'none'}"
+            print(f"longest sequence within {budget_gib} GiB per rank: sp {sp} zero {zero} {ck} "
+                  f"U{u} tiles:{tiles} offload:{offload}: {found}")
+
+
+def check_overrides(sets):
+    for extra in sets:
+        key = extra.split("=", 1)[0].strip()
+        if "=" not in extra:
+            raise SweepRefused(f"--set {extra!r} is not key=value")
+        if key in SWEEP_KEYS:
+            option = SWEEP_KEYS[key]
+            raise SweepRefused(f"--set {key} would override what the sweep sets for each run" +
+                               (f": choose it with {option}" if option else
+                                " (docs/sweep.md)"))
 
 
 def main():
@@ -195,9 +197,14 @@ def main():
     parser.add_argument("--budget-gib", type=float, default=0.0,
                         help="find the longest sequence whose per-rank peak fits this budget")
     parser.add_argument("--max-seq-len", type=int, default=1 << 22)
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per run")
-    parser.add_argument("--set", action="append", help="extra trainer override key=value")
-    parser.add_argument("--out", default="sweep")
+    parser.add_argument("--timeout", type=int, default=600,
+                        help="seconds per run; a run that timed out is measured again when the "
+                             "sweep continues")
+    parser.add_argument("--set", action="append", default=[],
+                        help="extra trainer override key=value (not a key the sweep sets)")
+    parser.add_argument("--out", default="sweep",
+                        help="folder of sweep.csv, sweep.json, longest.csv and the plots; one that "
+                             "holds a sweep with the same settings is continued")
     parser.add_argument("--from-csv", action="extend", nargs="+",
                         help="draw the plots of earlier sweeps' sweep.csv files (one or more, "
                              "repeatable) into --out instead of running")
@@ -206,10 +213,13 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         plot(read_rows(args.from_csv), args.out)
         print(f"sweep: plots of {len(args.from_csv)} sweep(s) in {args.out}")
-        return
+        return 0
     if not os.access(args.binary, os.X_OK):
-        sys.exit(f"sweep: {args.binary} is missing; run scripts/setup.sh first")
-    os.makedirs(args.out, exist_ok=True)
+        print(f"sweep: {args.binary} is missing; run scripts/setup.sh first", file=sys.stderr)
+        return 2
+    if not os.path.isfile(args.config):
+        print(f"sweep: --config {args.config} is not a file", file=sys.stderr)
+        return 2
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
     options = [(int(zero), ck, int(u), tiles, offload)
                for zero in args.zero.split(",") for ck in args.checkpointing.split(",")
@@ -217,61 +227,56 @@ def main():
                for offload in args.offload.split(",")
                if offload == "false" or ck == "layer"]  # offloading needs checkpoints
     combos = [(int(sp), option) for sp in args.sp.split(",") for option in options]
-    rows = []
-    with tempfile.TemporaryDirectory() as workdir, \
-            open(os.path.join(args.out, "sweep.csv"), "w", newline="") as csv_file:
-        writer = csv.DictWriter(csv_file, fieldnames=FIELDS)
-        writer.writeheader()
+    settings = {"config": os.path.abspath(args.config), "config_sha256": file_sha256(args.config),
+                "steps": args.steps, "set": args.set, "budget_gib": args.budget_gib}
+    signal.signal(signal.SIGTERM, raise_stopped)
+    signal.signal(signal.SIGHUP, raise_stopped)
+    try:
+        check_overrides(args.set)
+        os.makedirs(args.out, exist_ok=True)
+        table = SweepTable(args.out, settings, file_sha256(args.binary))
+    except SweepRefused as refused:
+        print(f"sweep: {refused}", file=sys.stderr)
+        return 2
 
-        def record(row):
-            rows.append(row)
-            writer.writerow(row)
-            csv_file.flush()
-            print(f"seq {row['seq_len']:>8} sp {row['sp']} {option_label(row):<30} -> " +
-                  (f"{row['tokens_per_s']} tok/s, peak {row['peak_total_bytes'] / 2**20:.1f} MiB"
-                   if row["exit_status"] == 0 else f"FAILED ({row['error']})"), flush=True)
-            return row["exit_status"] == 0
+    def measure(seq_len, sp, option, limit_gib, workdir):
+        zero, ck, u, tiles, offload = option
+        key = row_key({"seq_len": seq_len, "sp": sp, "zero_stage": zero, "checkpointing": ck,
+                       "head_chunks": u, "tiled_mlp": tiles, "offload": offload})
+        row = table.done.get(key)
+        measured_before = row is not None
+        if not measured_before:
+            row = run_one(args, seq_len, sp, option, limit_gib, workdir)
+            table.record(row)
+        print(f"seq {row['seq_len']:>8} sp {row['sp']} {option_label(row):<30} -> " +
+              (f"{row['tokens_per_s']} tok/s, peak {row['peak_total_bytes'] / 2**20:.1f} MiB"
+               if row["exit_status"] == 0 else f"FAILED ({row['error']})") +
+              (" (in sweep.csv already)" if measured_before else ""), flush=True)
+        return row
 
-        if args.budget_gib <= 0:
-            for sp, option in combos:
-                for seq_len in seq_lens:
-                    record(run_one(args, seq_len, sp, option, 0, workdir))
-        else:
-            longest = {}
-            for sp, option in combos:
-                step = 64 * sp
-                good, bad = 0, None
-                best_row = None
-                seq_len = max(seq_lens[0] // step * step, step)
-                while seq_len <= args.max_seq_len:  # doubling
-                    row = run_one(args, seq_len, sp, option, args.budget_gib, workdir)
-                    if record(row):
-                        good, best_row, seq_len = seq_len, row, seq_len * 2
-                    else:
-                        bad = seq_len
-                        break
-                while bad is not None and bad - good > step:  # bisection
-                    middle = (good + bad) // 2 // step * step
-                    row = run_one(args, middle, sp, option, args.budget_gib, workdir)
-                    if record(row):
-                        good, best_row = middle, row
-                    else:
-                        bad = middle
-                longest[(sp, option)] = (good, best_row)
-            with open(os.path.join(args.out, "longest.csv"), "w") as f:
-                f.write("sp,zero_stage,checkpointing,head_chunks,tiled_mlp,offload,budget_gib,"
-                        "tokens_per_s,longest_seq_len\n")
-                for (sp, (zero, ck, u, tiles, offload)), (good, row) in longest.items():
-                    speed = row["tokens_per_s"] if row else ""
-                    f.write(f"{sp},{zero},{ck},{u},{tiles},{offload},{args.budget_gib},{speed},"
-                            f"{good}\n")
-                    print(f"longest sequence within {args.budget_gib} GiB per rank: sp {sp} "
-                          f"zero {zero} {ck} U{u} tiles:{tiles} offload:{offload}: "
-                          f"{good or 'none fits'}" + (f" at {speed} tok/s" if row else ""))
-    plot(rows, args.out)
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            run = lambda seq_len, sp, option, limit: measure(seq_len, sp, option, limit, workdir)
+            if args.budget_gib <= 0:
+                for sp, option in combos:
+                    for seq_len in seq_lens:
+                        run(seq_len, sp, option, 0)
+            else:
+                longest = {(sp, option): longest_within_budget(run, sp, option, args, seq_lens)
+                           for sp, option in combos}
+                write_longest(os.path.join(args.out, "longest.csv"), longest, args.budget_gib)
+    except (KeyboardInterrupt, Stopped) as stop:
+        signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+        print(f"sweep: stopped by {signal.Signals(signum).name}: {len(table.rows)} run(s) in "
+              f"{table.csv_path}; the same command continues the sweep", file=sys.stderr)
+        return 128 + signum
+    finally:
+        table.close()
+    plot(table.rows, args.out)
     print(f"sweep: wrote {args.out}/sweep.csv" +
           (f" and {args.out}/longest.csv" if args.budget_gib > 0 else ""))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
