@@ -173,10 +173,12 @@ TEST(Sweep, StopSignalEndsTheRunningJob) {
   // The ranks are found by this binary's path, which no other test's processes have.
   const std::string binary = dir.file("sweep-stop-ulysses-train");
   std::filesystem::create_symlink(ULYSSES_TRAIN_BIN, binary);
-  // In the background as a simple command, so that $! is the sweep's own pid.
+  // In the background as a simple command, so that $! is the sweep's own pid. Steps of 65536
+  // tokens take seconds here, so the ranks print nothing for a while: a job left behind is
+  // not ended early by writing into the pipe of a sweep that has gone.
   const std::string sweep_command =
       "cd " ULYSSES_SOURCE_DIR "; OMP_NUM_THREADS=1 scripts/sweep-seqlen.sh --binary " + binary +
-      " --steps 100000 --seq-lens 128 --zero 0 --checkpointing none --sp 2 --out " +
+      " --steps 100000 --seq-lens 65536 --zero 0 --checkpointing none --sp 2 --out " +
       dir.file("out");
   // The live processes of the job: mpirun and its ranks, whose command lines have the binary
   // followed by --config ("[s]weep" matches them, not the shell's own command line; a rank
@@ -187,8 +189,9 @@ TEST(Sweep, StopSignalEndsTheRunningJob) {
       run_command(sweep_command + " > " + dir.file("log") + " 2>&1 & sweep=$!; " +
                   "for i in $(seq 600); do [ $(" + live + ") -ge 3 ] && break; sleep 0.1; done; " +
                   "sleep 1; kill -TERM $sweep; wait $sweep; echo \"sweep exit $?\"; " +
-                  "for i in $(seq 100); do [ $(" + live + ") = 0 ] && break; sleep 0.1; done; " +
-                  "echo \"left: $(" + live + ")\"; cat " + dir.file("log"));
+                  "for i in $(seq 60); do [ $(" + live + ") = 0 ] && break; sleep 0.1; done; " +
+                  "echo \"left: $(" + live + ")\"; cat " + dir.file("log") + "; pkill -KILL -f '" +
+                  dir.file("[s]weep-stop-ulysses-train --config") + "'");
   EXPECT_NE(result.output.find("sweep exit 143"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("left: 0"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("stopped by SIGTERM: 0 run(s)"), std::string::npos) << result.output;
