@@ -74,6 +74,17 @@ std::string offloaded_inputs_problem(const std::string& job, const StagePlan& pl
          "the machine has\")";
 }
 
+// memory.limit_gib replaces the check against the machine's memory (docs/memory.md, "Memory
+// the machine has"), as it should where that figure misleads; a run it lets past that memory
+// is still told, since on a cpu machine the system may kill it within its first step.
+void warn_past_machine(const std::string& problem) {
+  if (problem.empty()) return;
+  spdlog::warn(
+      "memory.limit_gib is set, so this run is held to it and not checked against the "
+      "memory the machine has, which it would not fit: {}",
+      problem);
+}
+
 }  // namespace
 
 RankMemory rank_memory(Comm& world, const Backend& backend) {
@@ -150,13 +161,16 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
   const bool check_machine = limit == 0 && memory.bytes > 0;
   const bool check_host = config.device == Device::cuda && host_memory.bytes > 0;
   const bool check_limit = limit > 0 && !config.train.seq_len_schedule.empty();
-  if (!check_machine && !check_host && !check_limit) return;
+  const bool warn_machine = limit > 0 && memory.bytes > 0 && world.rank() == 0;
+  if (!check_machine && !check_host && !check_limit && !warn_machine) return;
   const std::vector<StagePlan> stages = plan_stages(config, world.size(), cpu_threads);
   std::string error;
   if (check_limit && world.rank() == 0) error = limit_problem(stages, limit);
   if (error.empty() && check_machine)
     error = machine_fit_problem(stages, memory, config, world.size(), plan_command);
   if (error.empty()) error = host_fit_problem(stages, host_memory, config);
+  if (error.empty() && warn_machine)
+    warn_past_machine(machine_fit_problem(stages, memory, config, world.size(), plan_command));
   if (error.empty() && check_machine && world.rank() == 0) {
     int64_t peak = 0;
     for (const StagePlan& stage : stages) peak = std::max(peak, stage.rank_need);
@@ -202,10 +216,11 @@ std::string eval_fit_problem(const Config& config, int world_size, int cpu_threa
 void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory,
                      const RankMemory& host_memory) {
   const bool limited = memory_limit_bytes(config) > 0;
-  agree_on_failure(world,
-                   eval_fit_problem(config, world.size(), cpu_threads,
-                                    limited ? RankMemory{} : memory, host_memory),
-                   ExitCode::runtime);
+  const std::string problem = eval_fit_problem(config, world.size(), cpu_threads,
+                                               limited ? RankMemory{} : memory, host_memory);
+  if (problem.empty() && limited && world.rank() == 0)
+    warn_past_machine(eval_fit_problem(config, world.size(), cpu_threads, memory, host_memory));
+  agree_on_failure(world, problem, ExitCode::runtime);
 }
 
 std::string sample_fit_problem(const Config& config, int64_t context_len,
@@ -227,10 +242,12 @@ void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
                        const std::string& context, int cpu_threads, const RankMemory& memory,
                        const RankMemory& host_memory) {
   const bool limited = memory_limit_bytes(config) > 0;
-  agree_on_failure(world,
-                   sample_fit_problem(config, context_len, context, cpu_threads,
-                                      limited ? RankMemory{} : memory, host_memory),
-                   ExitCode::runtime);
+  const std::string problem = sample_fit_problem(config, context_len, context, cpu_threads,
+                                                 limited ? RankMemory{} : memory, host_memory);
+  if (problem.empty() && limited && world.rank() == 0)
+    warn_past_machine(
+        sample_fit_problem(config, context_len, context, cpu_threads, memory, host_memory));
+  agree_on_failure(world, problem, ExitCode::runtime);
 }
 
 }  // namespace ulysses

@@ -51,7 +51,7 @@ std::string host_fit_problem(const std::vector<StagePlan>& stages, const RankMem
 // built. With memory.limit_gib, a curriculum's stages are checked against it: the status of
 // an allocation past the limit, reached before the first step instead of at the stage change.
 // Without it, every stage is checked against memory (0: not known, nothing checked), and a
-// run that fits logs its peak. A cuda run's stages are also checked against host_memory,
+// run that fits logs its peak; with it, a stage past memory is a warning. A cuda run's stages are also checked against host_memory,
 // whatever the limit (it caps the device only). plan_command starts the command the message
 // suggests.
 void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
@@ -66,8 +66,8 @@ std::string eval_fit_problem(const Config& config, int world_size, int cpu_threa
                              const RankMemory& memory, const RankMemory& host_memory);
 
 // Collective: eval_fit_problem, the rank's memory unchecked when memory.limit_gib caps the
-// tracked memory instead; every rank throws JobError(runtime) with it before the model is
-// built.
+// tracked memory instead (past it is then a warning); every rank throws JobError(runtime)
+// with it before the model is built.
 void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory,
                      const RankMemory& host_memory);
 
