@@ -266,7 +266,7 @@ const std::vector<Field>& fields() {
        "listing the bytes held by category; 0 = no cap of your own: a run then checks every "
        "stage's planned step peak against the memory the machine has before it builds the "
        "model (host memory split among the node's ranks; on cuda the GPU's free memory, which "
-       "is also the cap) (docs/memory.md)"},
+       "is also the cap); set, that check is only a warning (docs/memory.md)"},
 
       {ULYSSES_KEY(kernels.attention),
        {},
