@@ -120,14 +120,14 @@ def failure(row):
     return f"failed at {row['seq_len']} tokens (exit {row['exit_status']}): {row['error']}"
 
 
-def longest_within_budget(measure, sp, option, args, seq_lens):
-    """Doubles the length from the first of seq_lens until a run goes over the budget, then
+def longest_within_budget(measure, sp, option, args):
+    """Doubles the length from the first of --seq-lens until a run goes over the budget, then
     bisects in steps of 64·sp tokens. Returns (longest length that fit, its row, what ended the
     search: 'budget', 'max_seq_len', or the failure of a run that failed for another reason,
     which no other length would answer)."""
     step = 64 * sp
     good, bad, best_row = 0, None, None
-    seq_len = max(seq_lens[0] // step * step, step)
+    seq_len = max(args.seq_lens[0] // step * step, step)
     while seq_len <= args.max_seq_len:
         row = measure(seq_len, sp, option, args.budget_gib)
         if fits(row):
@@ -168,6 +168,23 @@ def write_longest(path, longest, budget_gib):
                   f"U{u} tiles:{tiles} offload:{offload}: {found}")
 
 
+def counts(low):
+    """An argparse type: a comma-separated list of counts of at least low, each as written or
+    with k (1024) or m (1048576), as `ulysses-train plan --seq` takes them."""
+    def parse(text):
+        values = []
+        for part in text.split(","):
+            match = re.fullmatch(r"\s*([0-9]+)([kKmM]?)\s*", part)
+            if not match:
+                raise argparse.ArgumentTypeError(f"'{part}' is not a count (e.g. 32k, 1m, 500000)")
+            value = int(match.group(1)) * {"": 1, "k": 1024, "m": 1 << 20}[match.group(2).lower()]
+            if value < low:
+                raise argparse.ArgumentTypeError(f"'{part}' is below {low}")
+            values.append(value)
+        return values
+    return parse
+
+
 def check_overrides(sets):
     for extra in sets:
         key = extra.split("=", 1)[0].strip()
@@ -184,8 +201,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/passkey-tiny.yaml")
     parser.add_argument("--binary", default="build/apps/ulysses-train")
-    parser.add_argument("--seq-lens", default="256,512,1024,2048")
-    parser.add_argument("--sp", default="1,2,4")
+    parser.add_argument("--seq-lens", type=counts(2), default="256,512,1024,2048",
+                        help="sequence lengths, e.g. 4k,32k,128k (with --budget-gib: the first "
+                             "is where the search starts)")
+    parser.add_argument("--sp", type=counts(1), default="1,2,4",
+                        help="parallel.sp values; each run has sp ranks")
     parser.add_argument("--zero", default="0,1")
     parser.add_argument("--checkpointing", default="none,layer")
     parser.add_argument("--head-chunks", default="1",
@@ -220,13 +240,12 @@ def main():
     if not os.path.isfile(args.config):
         print(f"sweep: --config {args.config} is not a file", file=sys.stderr)
         return 2
-    seq_lens = [int(s) for s in args.seq_lens.split(",")]
     options = [(int(zero), ck, int(u), tiles, offload)
                for zero in args.zero.split(",") for ck in args.checkpointing.split(",")
                for u in args.head_chunks.split(",") for tiles in args.tiled_mlp.split(",")
                for offload in args.offload.split(",")
                if offload == "false" or ck == "layer"]  # offloading needs checkpoints
-    combos = [(int(sp), option) for sp in args.sp.split(",") for option in options]
+    combos = [(sp, option) for sp in args.sp for option in options]
     settings = {"config": os.path.abspath(args.config), "config_sha256": file_sha256(args.config),
                 "steps": args.steps, "set": args.set, "budget_gib": args.budget_gib}
     signal.signal(signal.SIGTERM, raise_stopped)
@@ -259,10 +278,10 @@ def main():
             run = lambda seq_len, sp, option, limit: measure(seq_len, sp, option, limit, workdir)
             if args.budget_gib <= 0:
                 for sp, option in combos:
-                    for seq_len in seq_lens:
+                    for seq_len in args.seq_lens:
                         run(seq_len, sp, option, 0)
             else:
-                longest = {(sp, option): longest_within_budget(run, sp, option, args, seq_lens)
+                longest = {(sp, option): longest_within_budget(run, sp, option, args)
                            for sp, option in combos}
                 write_longest(os.path.join(args.out, "longest.csv"), longest, args.budget_gib)
     except (KeyboardInterrupt, Stopped) as stop:

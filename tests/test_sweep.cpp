@@ -167,6 +167,28 @@ TEST(Sweep, RefusesAnOverrideOfWhatItSets) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
 }
 
+// Lengths are written as `ulysses-train plan --seq` takes them; what is not a count is refused
+// before any run, not a Python traceback.
+TEST(Sweep, LengthsTakeThePlansSuffixes) {
+  TempDir dir;
+  auto result = run_command(
+      sweep("--seq-lens 1k --sp 1 --zero 0 --checkpointing none --out " + dir.file("out")));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::vector<std::string> rows = lines_of(dir.file("out/sweep.csv"));
+  ASSERT_EQ(rows.size(), 2u) << result.output;
+  EXPECT_EQ(field(rows[0], rows[1], "seq_len"), "1024") << rows[1];
+
+  for (const std::string& bad : {"--seq-lens 1x", "--seq-lens 1", "--sp 0"}) {
+    auto refused = run_command(sweep(bad + " --out " + dir.file("refused")));
+    EXPECT_EQ(refused.exit_code, 2) << bad << ": " << refused.output;
+    EXPECT_NE(refused.output.find("error: argument " + bad.substr(0, bad.find(' '))),
+              std::string::npos)
+        << bad << ": " << refused.output;
+    EXPECT_EQ(refused.output.find("Traceback"), std::string::npos) << refused.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("refused")));
+}
+
 // A sweep told to stop ends the run it waits for: no mpirun or rank is left training.
 TEST(Sweep, StopSignalEndsTheRunningJob) {
   TempDir dir;
