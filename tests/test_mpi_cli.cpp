@@ -44,6 +44,31 @@ TEST(MpiCli, HeadsNotDivisibleBySpExitsTwoOnEveryRankNamingTheNumbers) {
   EXPECT_NE(result.output.find("sp can be 1, 2, 3 or 6"), std::string::npos) << result.output;
 }
 
+// scripts/launch.sh, as the README's first command runs it, from another folder: the config
+// and the paths in it are the caller's, as with mpirun itself (it used to read them from the
+// repository's root, so a config beside the caller was "not found" and the metrics went there).
+TEST(MpiCli, LaunchScriptReadsTheConfigAndItsPathsFromWhereItRuns) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"),
+                           tiny_yaml(", n_heads: 4", "sp: 2") + "log: {metrics_file: run.jsonl}\n");
+  const std::string launch = "cd " + dir.path() + " && OMP_NUM_THREADS=1 timeout 120 " +
+                             ULYSSES_SOURCE_DIR "/scripts/launch.sh ";
+  auto result = run_command(launch + "2 c.yaml --set train.steps=2");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::ifstream metrics(dir.file("run.jsonl"));
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) steps += line.find("\"loss\"") != line.npos;
+  EXPECT_EQ(steps, 2) << result.output;
+
+  for (const std::string& ranks : {"four", "0", "-2"}) {
+    auto refused = run_command(launch + ranks + " c.yaml");
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find("NUM_RANKS must be a positive whole number, got '" + ranks + "'"),
+              std::string::npos)
+        << refused.output;
+  }
+}
+
 TEST(MpiCli, SpNotDividingTheWorldExitsTwo) {
   TempDir dir;
   testing::write_text_file(dir.file("c.yaml"), tiny_yaml(", n_heads: 4", "sp: 3"));
