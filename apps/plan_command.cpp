@@ -10,6 +10,7 @@
 
 #include "apps/common_options.h"
 #include "core/jobs/job_errors.h"
+#include "core/plan/plan_json.h"
 #include "core/plan/plan_report.h"
 #include "core/plan/plan_search.h"
 #include "kernels/host_memory.h"
@@ -51,6 +52,7 @@ int run_plan_command(int argc, char** argv) {
   int world = 0;
   double device_gib = 0.0;
   bool longest = false;
+  bool json = false;
   int64_t granule = 1024;
   constexpr int64_t kLargestInt = std::numeric_limits<int>::max();  // train.seq_len, parallel.sp
   CLI::App app{
@@ -85,6 +87,10 @@ int run_plan_command(int argc, char** argv) {
                "that fits (bisection over multiples of --granule x sp)");
   app.add_option("--granule", granule, "--longest: lengths are multiples of this x sp (1024)")
       ->check(number_between(1, kLargestInt));
+  app.add_flag("--json", json,
+               "one JSON object per line instead of the report: a point's plan in bytes per rank, "
+               "whether it fits, the cheapest option set (with the --set overrides it takes) and "
+               "the ring splits; with --longest, each option set's longest seq_len");
   app.footer(
       "Option sets, cheapest first, each keeping the ones before: none, ZeRO-1/2/3 (world > 1), "
       "layer checkpointing, tiled MLP (auto), head chunks (the most the heads allow), offloaded "
@@ -122,13 +128,27 @@ int run_plan_command(int argc, char** argv) {
           std::string("no budget: give --device-gib or set memory.limit_gib") + hint);
     }
     target.budget_bytes = int64_t(gib * 1024.0 * 1024.0 * 1024.0);
+    if (longest && json) {
+      for (int sp : sp_values)
+        for (const nlohmann::json& line :
+             longest_fits_json(longest_fits(target, sp, granule), target, sp, granule))
+          std::cout << line.dump() << std::endl;
+      return 0;
+    }
     if (longest) {
       print_longest_fits(std::cout, target, sp_values, granule);
       return 0;
     }
     for (int sp : sp_values)
       for (int64_t seq_len : seq_lens) {
-        print_plan_point(std::cout, plan_point(target, seq_len, sp), target);
+        const PlanPoint point = plan_point(target, seq_len, sp);
+        if (json) {
+          const std::vector<RingSplit> splits =
+              sp > 1 ? ring_splits(target, seq_len, sp) : std::vector<RingSplit>{};
+          std::cout << plan_point_json(point, target, splits).dump() << std::endl;
+          continue;
+        }
+        print_plan_point(std::cout, point, target);
         if (sp > 1) print_ring_splits(std::cout, target, seq_len, sp);
       }
   } catch (const CLI::ValidationError& error) {

@@ -1,9 +1,12 @@
 // ulysses-train as a user runs it: --help, --dry-run, config errors, metrics file.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "kernels/memory.h"
 #include "tests/testing.h"
 
 namespace ulysses {
@@ -124,6 +127,85 @@ TEST(Cli, PlanRunsWithoutMpiAndExplainsItself) {
     EXPECT_NE(result.output.find(text), std::string::npos) << text << "\n" << result.output;
   auto bad = run_command(kTrain + " plan --config " + dir.file("c.yaml") + " --seq 12q");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& output) {
+  std::vector<nlohmann::json> lines;
+  std::stringstream text(output);
+  for (std::string line; std::getline(text, line);)
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+// plan --json, for scripts: the report's numbers, and a cheapest option set whose overrides,
+// given back as --set, plan to exactly what it said.
+TEST(Cli, PlanJsonHasTheReportsNumbersAndOverridesThatRun) {
+  const std::string plan = kTrain + " plan -c " ULYSSES_SOURCE_DIR
+                                    "/configs/llama3-8b.yaml --seq 128k --sp 8 --device-gib 30";
+  auto report = run_command(plan);
+  auto json = run_command(plan + " --json");
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const std::vector<nlohmann::json> lines = json_lines(json.output);
+  ASSERT_EQ(lines.size(), 1u) << json.output;
+  const nlohmann::json& point = lines[0];
+  EXPECT_EQ(point["kind"], "point");
+  EXPECT_EQ(point["seq_len"], 131072);
+  EXPECT_EQ(point["sp"], 8);
+  EXPECT_EQ(point["dp"], 1);
+  EXPECT_EQ(point["budget_bytes"], int64_t(30) << 30);
+  EXPECT_EQ(point["fits"], false) << "30 GiB is below the peak of the config's own options";
+  EXPECT_NE(report.output.find("DOES NOT FIT: peak " +
+                               format_bytes(point["plan"]["rank_need_bytes"].get<int64_t>())),
+            std::string::npos)
+      << report.output << point.dump(2);
+  ASSERT_TRUE(point["cheapest"].is_object()) << point.dump(2);
+  const nlohmann::json& cheapest = point["cheapest"];
+  EXPECT_NE(
+      report.output.find("cheapest options that fit: " + cheapest["name"].get<std::string>() +
+                         " (peak " + format_bytes(cheapest["rank_need_bytes"].get<int64_t>())),
+      std::string::npos)
+      << report.output << point.dump(2);
+  ASSERT_EQ(point["ring_splits"].size(), 4u) << point.dump(2);  // ring 1, 2, 4, 8
+  EXPECT_EQ(point["ring_splits"][0]["rank_need_bytes"], point["plan"]["rank_need_bytes"]);
+
+  std::string with_cheapest = plan + " --json";
+  for (const nlohmann::json& override_text : cheapest["overrides"])
+    with_cheapest += " --set " + override_text.get<std::string>();
+  auto again = run_command(with_cheapest);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  const nlohmann::json replanned = json_lines(again.output).at(0);
+  EXPECT_EQ(replanned["fits"], true) << replanned.dump(2);
+  EXPECT_EQ(replanned["plan"]["rank_need_bytes"], cheapest["rank_need_bytes"]);
+}
+
+TEST(Cli, PlanLongestJsonHasTheReportsLengths) {
+  const std::string plan =
+      kTrain + " plan -c " ULYSSES_SOURCE_DIR
+               "/configs/llama3-8b.yaml --sp 3,8 --device-gib 80 --longest --granule 8192";
+  auto report = run_command(plan);
+  auto json = run_command(plan + " --json");
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const std::vector<nlohmann::json> lines = json_lines(json.output);
+  ASSERT_GE(lines.size(), 2u) << json.output;
+  EXPECT_EQ(lines[0]["sp"], 3);
+  EXPECT_NE(lines[0]["error"].get<std::string>().find("does not divide the 8 ranks"),
+            std::string::npos)
+      << lines[0].dump();
+  int longer_than_zero = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["kind"], "longest");
+    EXPECT_EQ(lines[i]["sp"], 8);
+    EXPECT_EQ(lines[i]["granule_tokens"], 8 * 8192);
+    const int64_t longest = lines[i]["longest_seq_len"];
+    longer_than_zero += longest > 0;
+    char row[256];
+    std::snprintf(row, sizeof row, "  sp 8  %-70s %12lld tokens",
+                  lines[i]["options"]["name"].get<std::string>().c_str(), (long long)longest);
+    EXPECT_NE(report.output.find(row), std::string::npos) << row << "\n" << report.output;
+  }
+  EXPECT_GT(longer_than_zero, 0) << json.output;
 }
 
 TEST(Cli, CudaWithoutAUsableGpuExitsTwoSayingSo) {

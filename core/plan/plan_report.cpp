@@ -5,7 +5,6 @@
 
 #include "core/config/config.h"
 #include "core/plan/memory_plan.h"
-#include "kernels/stopwatch.h"
 
 namespace ulysses {
 
@@ -95,31 +94,23 @@ void print_ring_splits(std::ostream& out, const PlanTarget& target, int64_t seq_
   out << line;
   int64_t fewest = -1;
   std::string fewest_split;
-  for (int ring = 1; ring <= sp; ++ring) {
-    if (sp % ring != 0) continue;
-    const std::string split = std::to_string(sp / ring) + " x " + std::to_string(ring);
-    std::vector<std::string> overrides = target.overrides;
-    overrides.insert(overrides.end(),
-                     {"parallel.sp=" + std::to_string(sp), "parallel.ring=" + std::to_string(ring),
-                      "train.seq_len=" + std::to_string(seq_len)});
-    try {
-      const Config config = load_config(target.config_path, overrides);
-      validate_for_world(config, target.world_size);
-      const MemoryPlan plan = plan_memory(config, target.world_size, target.cpu_threads);
-      const int64_t both = plan.all_to_all_bytes + plan.ring_bytes;
-      const bool fits = plan.rank_need <= target.budget_bytes;
-      std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s %12s  %s\n", split.c_str(),
-                    format_bytes(plan.rank_need).c_str(),
-                    format_bytes(plan.all_to_all_bytes).c_str(),
-                    format_bytes(plan.ring_bytes).c_str(), format_bytes(both).c_str(),
-                    fits ? "fits" : "does not fit");
-      out << line;
-      if (fits && (fewest < 0 || both < fewest)) {
-        fewest = both;
-        fewest_split = split;
-      }
-    } catch (const std::exception& error) {
-      out << "  " << split << ": cannot: " << error.what() << "\n";
+  for (const RingSplit& ring_split : ring_splits(target, seq_len, sp)) {
+    const std::string split =
+        std::to_string(sp / ring_split.ring) + " x " + std::to_string(ring_split.ring);
+    if (!ring_split.error.empty()) {
+      out << "  " << split << ": cannot: " << ring_split.error << "\n";
+      continue;
+    }
+    const MemoryPlan& plan = ring_split.plan;
+    const int64_t both = plan.all_to_all_bytes + plan.ring_bytes;
+    std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s %12s  %s\n", split.c_str(),
+                  format_bytes(plan.rank_need).c_str(), format_bytes(plan.all_to_all_bytes).c_str(),
+                  format_bytes(plan.ring_bytes).c_str(), format_bytes(both).c_str(),
+                  ring_split.fits ? "fits" : "does not fit");
+    out << line;
+    if (ring_split.fits && (fewest < 0 || both < fewest)) {
+      fewest = both;
+      fewest_split = split;
     }
   }
   if (fewest >= 0)
@@ -134,18 +125,15 @@ void print_longest_fits(std::ostream& out, const PlanTarget& target, const std::
   out << "== longest seq_len that fits " << format_bytes(target.budget_bytes) << " per rank, world "
       << target.world_size << " (multiples of " << granule << " x sp tokens)\n";
   for (int sp : sps) {
-    const PlanPoint probe = plan_point(target, granule * sp, sp);
-    if (!probe.verdict.empty()) {
-      out << "  sp " << sp << ": cannot plan: " << probe.verdict << "\n";
+    const LongestFits longest = longest_fits(target, sp, granule);
+    if (!longest.verdict.empty()) {
+      out << "  sp " << sp << ": cannot plan: " << longest.verdict << "\n";
       continue;
     }
-    for (const OptionSet& options : option_ladder(probe.config, target.world_size)) {
-      const Stopwatch clock;
-      const int64_t longest = longest_fitting_seq(target, sp, options, granule * sp);
-      const double seconds = clock.seconds();
+    for (const LongestFit& fit : longest.fits) {
       char line[256];
       std::snprintf(line, sizeof line, "  sp %d  %-70s %12lld tokens  (%.2f s)\n", sp,
-                    options.name.c_str(), (long long)longest, seconds);
+                    fit.options.name.c_str(), (long long)fit.seq_len, fit.seconds);
       out << line;
     }
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/stopwatch.h"
 #include "parallel/head_chunks.h"
 
 namespace ulysses {
@@ -122,6 +123,52 @@ int64_t longest_fitting_seq(const PlanTarget& target, int sp, const OptionSet& o
     (fits_at(middle) ? low : high) = middle;
   }
   return low * granule;
+}
+
+std::vector<RingSplit> ring_splits(const PlanTarget& target, int64_t seq_len, int sp) {
+  std::vector<RingSplit> splits;
+  for (int ring = 1; ring <= sp; ++ring) {
+    if (sp % ring != 0) continue;
+    RingSplit split;
+    split.ring = ring;
+    try {
+      const Config config =
+          config_at(target, seq_len, sp, {"parallel.ring=" + std::to_string(ring)});
+      split.plan = plan_memory(config, target.world_size, target.cpu_threads);
+      split.fits = fits(split.plan, target.budget_bytes);
+    } catch (const std::exception& error) {
+      split.error = error.what();
+    }
+    splits.push_back(split);
+  }
+  return splits;
+}
+
+LongestFits longest_fits(const PlanTarget& target, int sp, int64_t granule) {
+  LongestFits result;
+  const PlanPoint probe = plan_point(target, granule * sp, sp);
+  result.verdict = probe.verdict;
+  if (!result.verdict.empty()) return result;
+  for (const OptionSet& options : option_ladder(probe.config, target.world_size)) {
+    const Stopwatch clock;
+    const int64_t longest = longest_fitting_seq(target, sp, options, granule * sp);
+    result.fits.push_back({options, longest, clock.seconds()});
+  }
+  return result;
+}
+
+std::vector<std::string> distinct_overrides(const std::vector<std::string>& overrides) {
+  std::vector<std::string> distinct;
+  for (const std::string& text : overrides) {
+    const std::string key = text.substr(0, text.find('='));
+    auto same_key = [&](const std::string& seen) { return seen.substr(0, seen.find('=')) == key; };
+    auto found = std::find_if(distinct.begin(), distinct.end(), same_key);
+    if (found == distinct.end())
+      distinct.push_back(text);
+    else
+      *found = text;
+  }
+  return distinct;
 }
 
 std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq_len, int sp) {

@@ -51,6 +51,34 @@ PlanPoint plan_point(const PlanTarget& target, int64_t seq_len, int sp);
 int64_t longest_fitting_seq(const PlanTarget& target, int sp, const OptionSet& options,
                             int64_t granule);
 
+// One (sp/ring, ring) split of sp (docs/parallelism.md, "Ulysses × ring"), as configured
+// otherwise: its plan and whether it fits, or why it cannot be planned.
+struct RingSplit {
+  int ring = 1;
+  std::string error;  // empty when planned
+  MemoryPlan plan;
+  bool fits = false;
+};
+// Every split of sp at seq_len, ring = 1 first.
+std::vector<RingSplit> ring_splits(const PlanTarget& target, int64_t seq_len, int sp);
+
+// plan --longest for one sp: each option set of the ladder with the longest seq_len it fits
+// (longest_fitting_seq, lengths a multiple of granule · sp), or why sp cannot be planned.
+struct LongestFit {
+  OptionSet options;
+  int64_t seq_len = 0;
+  double seconds = 0;  // the search's time
+};
+struct LongestFits {
+  std::string verdict;  // empty when sp plans
+  std::vector<LongestFit> fits;
+};
+LongestFits longest_fits(const PlanTarget& target, int sp, int64_t granule);
+
+// An option set's overrides with each key once, at its last value, in the order the keys first
+// appear: what a run's --set takes.
+std::vector<std::string> distinct_overrides(const std::vector<std::string>& overrides);
+
 // heads, kv heads, seq_len and head_chunks against sp, one line each ("ok" or why not).
 std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq_len, int sp);
 
