@@ -4,6 +4,7 @@ under. A sweep started again into the same OUT continues: the rows there are not
 again, unless they timed out; a sweep with other settings is refused, so one CSV never mixes
 runs that do not compare."""
 import csv
+import fcntl
 import hashlib
 import io
 import json
@@ -64,6 +65,15 @@ class SweepTable:
     """OUT/sweep.csv and OUT/sweep.json. `done` maps row_key to the rows already measured."""
 
     def __init__(self, out_dir, settings, binary_sha256):
+        # One sweep at a time in OUT: two would append their rows to one CSV. The kernel drops
+        # the lock however this process ends.
+        self.lock = open(os.path.join(out_dir, ".lock"), "a")
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lock.close()
+            raise SweepRefused(f"{out_dir} is in use by another sweep: let it end, or choose "
+                               "another --out") from None
         self.csv_path = os.path.join(out_dir, "sweep.csv")
         self.json_path = os.path.join(out_dir, "sweep.json")
         self.rows = []
@@ -134,3 +144,4 @@ class SweepTable:
 
     def close(self):
         self.file.close()
+        self.lock.close()

@@ -189,7 +189,8 @@ TEST(Sweep, LengthsTakeThePlansSuffixes) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("refused")));
 }
 
-// A sweep told to stop ends the run it waits for: no mpirun or rank is left training.
+// A sweep told to stop ends the run it waits for: no mpirun or rank is left training. While it
+// runs, a second sweep into its folder is refused.
 TEST(Sweep, StopSignalEndsTheRunningJob) {
   TempDir dir;
   // The ranks are found by this binary's path, which no other test's processes have.
@@ -210,10 +211,15 @@ TEST(Sweep, StopSignalEndsTheRunningJob) {
   auto result =
       run_command(sweep_command + " > " + dir.file("log") + " 2>&1 & sweep=$!; " +
                   "for i in $(seq 600); do [ $(" + live + ") -ge 3 ] && break; sleep 0.1; done; " +
-                  "sleep 1; kill -TERM $sweep; wait $sweep; echo \"sweep exit $?\"; " +
+                  "sleep 1; " + sweep_command + " 2>&1; echo \"second sweep exit $?\"; " +
+                  "kill -TERM $sweep; wait $sweep; echo \"sweep exit $?\"; " +
                   "for i in $(seq 60); do [ $(" + live + ") = 0 ] && break; sleep 0.1; done; " +
                   "echo \"left: $(" + live + ")\"; cat " + dir.file("log") + "; pkill -KILL -f '" +
                   dir.file("[s]weep-stop-ulysses-train --config") + "'");
+  EXPECT_NE(result.output.find("is in use by another sweep: let it end, or choose another --out\n"
+                               "second sweep exit 2"),
+            std::string::npos)
+      << result.output;
   EXPECT_NE(result.output.find("sweep exit 143"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("left: 0"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("stopped by SIGTERM: 0 run(s)"), std::string::npos) << result.output;
