@@ -208,14 +208,15 @@ TEST(Sweep, StopSignalEndsTheRunningJob) {
   // that ended is a zombie until its new parent reaps it).
   const std::string live = "ps -eo stat=,args= | grep -v '^Z' | grep -c '" +
                            dir.file("[s]weep-stop-ulysses-train --config") + "'";
-  auto result =
-      run_command(sweep_command + " > " + dir.file("log") + " 2>&1 & sweep=$!; " +
-                  "for i in $(seq 600); do [ $(" + live + ") -ge 3 ] && break; sleep 0.1; done; " +
-                  "sleep 1; " + sweep_command + " 2>&1; echo \"second sweep exit $?\"; " +
-                  "kill -TERM $sweep; wait $sweep; echo \"sweep exit $?\"; " +
-                  "for i in $(seq 60); do [ $(" + live + ") = 0 ] && break; sleep 0.1; done; " +
-                  "echo \"left: $(" + live + ")\"; cat " + dir.file("log") + "; pkill -KILL -f '" +
-                  dir.file("[s]weep-stop-ulysses-train --config") + "'");
+  auto result = run_command(
+      sweep_command + " > " + dir.file("log") + " 2>&1 & sweep=$!; " +
+      "for i in $(seq 600); do [ $(" + live + ") -ge 3 ] && break; sleep 0.1; done; " +
+      "sleep 1; timeout -s KILL 20 env " + sweep_command.substr(sweep_command.find("OMP_")) +
+      " 2>&1; echo \"second sweep exit $?\"; " +
+      "kill -TERM $sweep; wait $sweep; echo \"sweep exit $?\"; " + "for i in $(seq 60); do [ $(" +
+      live + ") = 0 ] && break; sleep 0.1; done; " + "echo \"left: $(" + live + ")\"; cat " +
+      dir.file("log") + "; pkill -KILL -f '" + dir.file("[s]weep-stop-ulysses-train --config") +
+      "'");
   EXPECT_NE(result.output.find("is in use by another sweep: let it end, or choose another --out\n"
                                "second sweep exit 2"),
             std::string::npos)
