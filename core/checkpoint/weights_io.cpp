@@ -373,16 +373,15 @@ CheckpointModel read_checkpoint_model(const std::string& folder) {
 
 namespace {
 
-void open_weights(const std::string& path, const ModelConfig& model, const ParamTable& table,
+void open_weights(const std::string& given, const ModelConfig& model, const ParamTable& table,
                   PretrainedWeights::Files& files) {
+  const std::string path = resolve_weights_path(given);
   std::error_code error;
   if (fs::is_directory(path, error)) {
     if (fs::exists(path + "/" + kCheckpointManifestFile, error))
       return open_ulysses_checkpoint(path, model, table, files);
     if (fs::exists(path + "/" + kHfConfigFile, error))
       return open_hf_llama(path, model, table, files);
-    const std::string latest = find_latest_checkpoint(path);
-    if (!latest.empty()) return open_ulysses_checkpoint(latest, model, table, files);
     fail("model.init_from " + in_quotes(path) + " is a folder with neither " +
          kCheckpointManifestFile + " (a ulysses checkpoint), " + kHfConfigFile +
          " (a Hugging Face Llama model) nor an intact checkpoint step folder");
@@ -405,6 +404,15 @@ void as_weights_error(Action action) {
 }
 
 }  // namespace
+
+std::string resolve_weights_path(const std::string& path) {
+  std::error_code error;
+  if (!fs::is_directory(path, error) || fs::exists(path + "/" + kCheckpointManifestFile, error) ||
+      fs::exists(path + "/" + kHfConfigFile, error))
+    return path;
+  const std::string latest = find_latest_checkpoint(path);
+  return latest.empty() ? path : latest;
+}
 
 PretrainedWeights::PretrainedWeights(const std::string& path, const ModelConfig& model,
                                      const ParamTable& table)

@@ -24,6 +24,10 @@ class WeightsError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What model.init_from = path reads: a checkpoint dir (a folder without manifest.json or
+// config.json) is its newest intact step folder, when it has one; any other path is itself.
+std::string resolve_weights_path(const std::string& path);
+
 // Pretrained weights for model.init_from: a Hugging Face Llama folder, an llm.c GPT-2 .bin
 // file or a ulysses checkpoint folder. Opening checks every tensor against the configured
 // model (shapes, names, the format's config) without reading the values; read() then reads

@@ -4,6 +4,7 @@
 // docs/evaluation.md.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,10 +27,20 @@ struct OpenedWeights {
   std::unique_ptr<PretrainedWeights> weights;
 };
 
-// Collective: every rank opens the weights and checks every tensor's name and shape against
-// config, before a model is built (or its memory checked). A path that holds no usable weights,
-// or weights of another shape than config, is JobError(bad_input) on every rank, with rank 0's
-// message.
+// Collective: the weights at resolve(path) as rank 0 resolves it (a checkpoint dir to its
+// newest intact step folder), opened on every rank and checked against config. Resolved once,
+// so that ranks cannot read different steps of a run that saves into that dir meanwhile
+// (docs/evaluation.md); a step folder the run prunes before every rank has opened it is
+// resolved again, up to 3 times. Files are memory-mapped when opened, so a prune after that
+// changes nothing read. A path that holds no usable weights, or weights of another shape than
+// config, is JobError(bad_input) on every rank, with rank 0's message.
+OpenedWeights open_agreed_weights(Comm& world, const std::string& path,
+                                  const std::function<std::string(const std::string&)>& resolve,
+                                  const ModelConfig& config);
+
+// Collective: open_agreed_weights of --checkpoint (a ulysses checkpoint, or a checkpoint dir)
+// or of --init-from (any path model.init_from takes), before a model is built (or its memory
+// checked).
 OpenedWeights open_weight_source(const WeightSource& source, const ModelConfig& config,
                                  Comm& world);
 

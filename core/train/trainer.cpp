@@ -10,6 +10,7 @@
 
 #include "core/checkpoint/checkpoint_space.h"
 #include "core/checkpoint/weights_io.h"
+#include "core/checkpoint/weights_source.h"
 #include "core/config/seq_len_schedule.h"
 #include "core/report/trace_file.h"
 #include "core/train/optimizer_step.h"
@@ -143,10 +144,10 @@ void Trainer::set_phase(const char* phase) const {
 void Trainer::load_initial_weights() {
   const std::string& path = config_.model.init_from;
   if (path.empty()) return;
-  const PretrainedWeights weights(path, config_.model, model_->table());
-  model_->load_weights(
-      [&](int64_t begin, int64_t count, float* out) { weights.read(begin, count, out); });
-  if (mesh_.world->rank() == 0) spdlog::info("initial weights from {}", path);
+  const OpenedWeights weights =
+      open_agreed_weights(*mesh_.world, path, resolve_weights_path, config_.model);
+  load_opened_weights(weights, *model_);
+  if (mesh_.world->rank() == 0) spdlog::info("initial weights from {}", weights.path);
 }
 
 void Trainer::resume(const std::string& folder) {

@@ -57,7 +57,8 @@ class Trainer {
   // Continues from a checkpoint folder (weights, optimizer state, step); warns when this
   // run's global batch differs from the checkpoint's (the data order then differs).
   void resume(const std::string& folder);
-  // Loads model.init_from when it is set (a fresh run, not a resumed one).
+  // Collective: loads model.init_from when it is set (a fresh run, not a resumed one), a
+  // checkpoint dir resolved once for every rank (open_agreed_weights).
   void load_initial_weights();
   // Writes a checkpoint of the current step (train.checkpoint.dir must be set).
   std::string save_checkpoint();
