@@ -29,7 +29,7 @@ int run_eval_command(int argc, char** argv) {
   add_weight_source_options(app, options.weights);
   app.add_flag("--json", options.json,
                "print one JSON line {weights, split, loss, perplexity, tokens, sequences, world, "
-               "sp, accuracy} on stdout");
+               "sp, accuracy} on stdout, the log on stderr");
   std::string color = "auto";
   add_color_option(app, color);
   try {
@@ -42,6 +42,7 @@ int run_eval_command(int argc, char** argv) {
     return int(ExitCode::bad_input);
   }
   return run_on_world(&argc, &argv, false, parse_log_color(color),
+                      options.json ? LogStream::err : LogStream::out,
                       [&](Comm& world) { run_eval(options, world); });
 }
 

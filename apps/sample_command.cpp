@@ -59,7 +59,8 @@ int run_sample_command(int argc, char** argv) {
     std::cerr << "ulysses-train sample: " << problem << "\n";
     return int(ExitCode::bad_input);
   }
-  return run_on_world(&argc, &argv, false, parse_log_color(color),
+  // stdout is the samples (text, tokens or JSON); the log goes apart.
+  return run_on_world(&argc, &argv, false, parse_log_color(color), LogStream::err,
                       [&](Comm& world) { run_sample(options, world); });
 }
 

@@ -79,6 +79,6 @@ int main(int argc, char** argv) {
     options.resume = resume;
   }
 
-  return run_on_world(&argc, &argv, true, parse_log_color(color),
+  return run_on_world(&argc, &argv, true, parse_log_color(color), LogStream::out,
                       [&](Comm& world) { run_job(options, world); });
 }

@@ -1,8 +1,9 @@
 // Log colours (docs/configuration.md#logs): plain text in files, pipes and under mpirun
-// unless asked for, so that `grep step` works on a saved log.
+// unless asked for, so that `grep step` works on a saved log; and the log's stream.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 
@@ -83,6 +84,40 @@ TEST(LogSetup, TrainerLogThroughAPipeOrMpirunIsPlainUnlessForced) {
   const auto forced = run_command(job + " --color always");
   ASSERT_EQ(forced.exit_code, 0) << forced.output;
   EXPECT_NE(forced.output.find(kEscape), std::string::npos) << forced.output;
+}
+
+// A command whose stdout is its product keeps the log on stderr: `eval --json` prints only its
+// JSON line there (one rank or under mpirun), `sample` only its answers. Training and a plain
+// eval, whose result is a log line, log on stdout.
+TEST(LogSetup, EvalJsonAndSampleLeaveStdoutToTheirOutput) {
+  TempDir dir;
+  const std::string config =
+      " --config " + std::string(ULYSSES_SOURCE_DIR) + "/configs/passkey-tiny.yaml";
+  const auto trained =
+      run_command("cd " + dir.path() + " && " + kTrain + config +
+                  " --set train.steps=2 --set train.eval_every=0 --set train.checkpoint.dir=ck");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string weights = " --checkpoint " + dir.file("ck");
+  // stdout alone: stderr goes to a file, which is read after.
+  auto stdout_of = [&](const std::string& command) {
+    return run_command("{ " + command + " 2> " + dir.file("stderr") + "; }");
+  };
+  for (const std::string& launcher : {std::string(), "timeout 120 " + testing::mpirun(2)}) {
+    const auto json = stdout_of(launcher + kTrain + " eval" + config + weights + " --json");
+    ASSERT_EQ(json.exit_code, 0) << json.output;
+    EXPECT_EQ(json.output.find('\n'), json.output.size() - 1) << "one line: " << json.output;
+    EXPECT_NO_THROW(nlohmann::json::parse(json.output)) << json.output;
+    EXPECT_NE(testing::read_text_file(dir.file("stderr")).find("info attention"),
+              std::string::npos);
+  }
+  const auto sample = stdout_of(kTrain + " sample" + config + weights + " --temperature 0");
+  ASSERT_EQ(sample.exit_code, 0) << sample.output;
+  EXPECT_EQ(sample.output.rfind("sequence 0, position ", 0), 0u) << sample.output;
+  EXPECT_EQ(sample.output.find("] info "), std::string::npos) << sample.output;
+
+  const auto plain = stdout_of(kTrain + " eval" + config + weights);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("] info eval loss "), std::string::npos) << plain.output;
 }
 
 }  // namespace

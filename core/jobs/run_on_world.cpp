@@ -10,12 +10,12 @@
 
 namespace ulysses {
 
-int run_on_world(int* argc, char*** argv, bool stop_handlers, LogColor color,
+int run_on_world(int* argc, char*** argv, bool stop_handlers, LogColor color, LogStream stream,
                  const std::function<void(Comm& world)>& job) {
   MpiSession mpi(argc, argv);
   if (stop_handlers) install_stop_handlers();  // after MPI_Init, which may install its own
   std::unique_ptr<Comm> world = mpi.world();
-  setup_logging(color, world->rank(), world->size());
+  setup_logging(color, world->rank(), world->size(), stream);
   try {
     job(*world);
     return int(ExitCode::done);

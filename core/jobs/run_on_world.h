@@ -11,9 +11,9 @@
 namespace ulysses {
 
 // stop_handlers: SIGTERM/SIGINT ask the job to stop (the trainer checkpoints and exits 0)
-// instead of ending the process; color: the --color choice (core/report/log_setup.h). Returns the
-// process exit status.
-int run_on_world(int* argc, char*** argv, bool stop_handlers, LogColor color,
+// instead of ending the process; color: the --color choice, stream: where the log goes
+// (core/report/log_setup.h). Returns the process exit status.
+int run_on_world(int* argc, char*** argv, bool stop_handlers, LogColor color, LogStream stream,
                  const std::function<void(Comm& world)>& job);
 
 }  // namespace ulysses
