@@ -49,7 +49,12 @@ def read_rows(paths):
 
 
 def gnuplot(script):
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    """Runs gnuplot on script; its warnings (a series of one point has an empty range) are
+    printed only when it fails."""
+    done = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        done.check_returncode()
 
 
 def plot(rows, out_dir):

@@ -20,10 +20,14 @@ import tempfile
 from sweep_plots import CATEGORIES, option_label, plot, read_rows
 from sweep_table import TIMED_OUT, SweepRefused, SweepTable, file_sha256, row_key
 
+# The defaults of --config and --binary are this repository's; paths given are the caller's.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # The trainer keys each run sets, and the sweep option that chooses them: a --set of one would
 # make the rows say one thing and measure another.
 SWEEP_KEYS = {"train.seq_len": "--seq-lens", "model.max_seq_len": "--seq-lens",
-              "parallel.sp": "--sp", "parallel.zero_stage": "--zero", "memory.activation_checkpointing": "--checkpointing",
+              "parallel.sp": "--sp", "parallel.zero_stage": "--zero",
+              "memory.activation_checkpointing": "--checkpointing",
               "parallel.head_chunks": "--head-chunks", "memory.tiled_mlp": "--tiled-mlp",
               "memory.offload_checkpoints": "--offload", "train.steps": "--steps",
               "memory.limit_gib": "--budget-gib", "train.eval_every": None,
@@ -199,8 +203,8 @@ def check_overrides(sets):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default="configs/passkey-tiny.yaml")
-    parser.add_argument("--binary", default="build/apps/ulysses-train")
+    parser.add_argument("--config", default=os.path.join(REPOSITORY, "configs/passkey-tiny.yaml"))
+    parser.add_argument("--binary", default=os.path.join(REPOSITORY, "build/apps/ulysses-train"))
     parser.add_argument("--seq-lens", type=counts(2), default="256,512,1024,2048",
                         help="sequence lengths, e.g. 4k,32k,128k (with --budget-gib: the first "
                              "is where the search starts)")
@@ -210,7 +214,8 @@ def main():
     parser.add_argument("--checkpointing", default="none,layer")
     parser.add_argument("--head-chunks", default="1",
                         help="parallel.head_chunks values (UPipe), e.g. 1,4")
-    parser.add_argument("--tiled-mlp", default="false", help="memory.tiled_mlp values, e.g. false,auto")
+    parser.add_argument("--tiled-mlp", default="false",
+                        help="memory.tiled_mlp values, e.g. false,auto")
     parser.add_argument("--offload", default="false",
                         help="memory.offload_checkpoints values (with layer checkpointing only)")
     parser.add_argument("--steps", type=int, default=2)

@@ -167,6 +167,24 @@ TEST(Sweep, RefusesAnOverrideOfWhatItSets) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
 }
 
+// Run from another folder, a sweep reads --config and writes --out there, as the trainer
+// would (it used to change to the repository's root first).
+TEST(Sweep, ReadsAndWritesItsPathsWhereItRuns) {
+  TempDir dir;
+  testing::write_text_file(
+      dir.file("my.yaml"),
+      testing::read_text_file(ULYSSES_SOURCE_DIR "/configs/passkey-tiny.yaml"));
+  auto result = run_command("cd " + dir.path() +
+                            " && OMP_NUM_THREADS=1 " ULYSSES_SOURCE_DIR
+                            "/scripts/sweep-seqlen.sh --binary " ULYSSES_TRAIN_BIN
+                            " --config my.yaml --set train.batch_size=1 --steps 1 --seq-lens 128 "
+                            "--sp 1 --zero 0 --checkpointing none --out out");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::vector<std::string> rows = lines_of(dir.file("out/sweep.csv"));
+  ASSERT_EQ(rows.size(), 2u) << result.output;
+  EXPECT_EQ(field(rows[0], rows[1], "exit_status"), "0") << rows[1];
+}
+
 // Lengths are written as `ulysses-train plan --seq` takes them; what is not a count is refused
 // before any run, not a Python traceback.
 TEST(Sweep, LengthsTakeThePlansSuffixes) {
