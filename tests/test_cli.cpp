@@ -137,17 +137,27 @@ std::vector<nlohmann::json> json_lines(const std::string& output) {
   return lines;
 }
 
+// A plan command's report and the lines of the same command with --json, both run.
+struct PlanOutputs {
+  std::string report;
+  std::vector<nlohmann::json> lines;
+};
+PlanOutputs report_and_json(const std::string& plan) {
+  auto report = run_command(plan);
+  auto json = run_command(plan + " --json");
+  EXPECT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  if (json.exit_code != 0) return {report.output, {}};
+  return {report.output, json_lines(json.output)};
+}
+
 // plan --json, for scripts: the report's numbers, and a cheapest option set whose overrides,
 // given back as --set, plan to exactly what it said.
 TEST(Cli, PlanJsonHasTheReportsNumbersAndOverridesThatRun) {
   const std::string plan = kTrain + " plan -c " ULYSSES_SOURCE_DIR
                                     "/configs/llama3-8b.yaml --seq 128k --sp 8 --device-gib 30";
-  auto report = run_command(plan);
-  auto json = run_command(plan + " --json");
-  ASSERT_EQ(report.exit_code, 0) << report.output;
-  ASSERT_EQ(json.exit_code, 0) << json.output;
-  const std::vector<nlohmann::json> lines = json_lines(json.output);
-  ASSERT_EQ(lines.size(), 1u) << json.output;
+  const auto [report, lines] = report_and_json(plan);
+  ASSERT_EQ(lines.size(), 1u) << report;
   const nlohmann::json& point = lines[0];
   EXPECT_EQ(point["kind"], "point");
   EXPECT_EQ(point["seq_len"], 131072);
@@ -155,17 +165,16 @@ TEST(Cli, PlanJsonHasTheReportsNumbersAndOverridesThatRun) {
   EXPECT_EQ(point["dp"], 1);
   EXPECT_EQ(point["budget_bytes"], int64_t(30) << 30);
   EXPECT_EQ(point["fits"], false) << "30 GiB is below the peak of the config's own options";
-  EXPECT_NE(report.output.find("DOES NOT FIT: peak " +
-                               format_bytes(point["plan"]["rank_need_bytes"].get<int64_t>())),
+  EXPECT_NE(report.find("DOES NOT FIT: peak " +
+                        format_bytes(point["plan"]["rank_need_bytes"].get<int64_t>())),
             std::string::npos)
-      << report.output << point.dump(2);
+      << report << point.dump(2);
   ASSERT_TRUE(point["cheapest"].is_object()) << point.dump(2);
   const nlohmann::json& cheapest = point["cheapest"];
-  EXPECT_NE(
-      report.output.find("cheapest options that fit: " + cheapest["name"].get<std::string>() +
-                         " (peak " + format_bytes(cheapest["rank_need_bytes"].get<int64_t>())),
-      std::string::npos)
-      << report.output << point.dump(2);
+  EXPECT_NE(report.find("cheapest options that fit: " + cheapest["name"].get<std::string>() +
+                        " (peak " + format_bytes(cheapest["rank_need_bytes"].get<int64_t>())),
+            std::string::npos)
+      << report << point.dump(2);
   ASSERT_EQ(point["ring_splits"].size(), 4u) << point.dump(2);  // ring 1, 2, 4, 8
   EXPECT_EQ(point["ring_splits"][0]["rank_need_bytes"], point["plan"]["rank_need_bytes"]);
 
@@ -183,12 +192,8 @@ TEST(Cli, PlanLongestJsonHasTheReportsLengths) {
   const std::string plan =
       kTrain + " plan -c " ULYSSES_SOURCE_DIR
                "/configs/llama3-8b.yaml --sp 3,8 --device-gib 80 --longest --granule 8192";
-  auto report = run_command(plan);
-  auto json = run_command(plan + " --json");
-  ASSERT_EQ(report.exit_code, 0) << report.output;
-  ASSERT_EQ(json.exit_code, 0) << json.output;
-  const std::vector<nlohmann::json> lines = json_lines(json.output);
-  ASSERT_GE(lines.size(), 2u) << json.output;
+  const auto [report, lines] = report_and_json(plan);
+  ASSERT_GE(lines.size(), 2u) << report;
   EXPECT_EQ(lines[0]["sp"], 3);
   EXPECT_NE(lines[0]["error"].get<std::string>().find("does not divide the 8 ranks"),
             std::string::npos)
@@ -203,9 +208,9 @@ TEST(Cli, PlanLongestJsonHasTheReportsLengths) {
     char row[256];
     std::snprintf(row, sizeof row, "  sp 8  %-70s %12lld tokens",
                   lines[i]["options"]["name"].get<std::string>().c_str(), (long long)longest);
-    EXPECT_NE(report.output.find(row), std::string::npos) << row << "\n" << report.output;
+    EXPECT_NE(report.find(row), std::string::npos) << row << "\n" << report;
   }
-  EXPECT_GT(longer_than_zero, 0) << json.output;
+  EXPECT_GT(longer_than_zero, 0) << report;
 }
 
 TEST(Cli, CudaWithoutAUsableGpuExitsTwoSayingSo) {
