@@ -40,9 +40,18 @@ COLOURS = {
 
 
 def read_spans(path):
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    return [e for e in events if e.get("ph") == "X"]
+    """The complete ("X") events of a trace file; a file that cannot be read or is not a
+    trace ends the script with exit status 2, naming it."""
+    try:
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+        return [e for e in events if e.get("ph") == "X"]
+    except OSError as error:
+        print(f"plot-trace: cannot read {path}: {error.strerror}", file=sys.stderr)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        print(f"plot-trace: {path} is not a trace file written by log.trace_file "
+              f"({type(error).__name__}: {error})", file=sys.stderr)
+    sys.exit(2)
 
 
 def main():

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -142,6 +143,28 @@ TEST(Profiling, TraceIsValidJsonWhoseSpansNestAndWhoseStepsMatchTheMetrics) {
       }
     }
     EXPECT_EQ(step_spans, 3) << "rank " << rank;
+  }
+}
+
+// scripts/plot-trace.py draws the trace; a file that is not one is named, with status 2, not a
+// Python traceback.
+TEST(Profiling, PlotTraceDrawsTheTraceAndNamesAFileThatIsNotOne) {
+  if (!std::filesystem::exists("/usr/bin/gnuplot"))
+    GTEST_SKIP() << "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)";
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), job_yaml(dir, 1));
+  auto result = train(dir, 1);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::string plot = "/usr/bin/python3 " ULYSSES_SOURCE_DIR "/scripts/plot-trace.py ";
+  auto drawn = run_command(plot + dir.file("trace.json") + " " + dir.file("trace.png"));
+  EXPECT_EQ(drawn.exit_code, 0) << drawn.output;
+  EXPECT_NE(drawn.output.find("spans of 1 ranks drawn"), std::string::npos) << drawn.output;
+  EXPECT_GT(std::filesystem::file_size(dir.file("trace.png")), 0u);
+  for (const std::string& name : {"m.jsonl", "missing.json"}) {
+    auto refused = run_command(plot + dir.file(name) + " " + dir.file("other.png"));
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_EQ(refused.output.rfind("plot-trace: ", 0), 0u) << refused.output;
+    EXPECT_EQ(refused.output.find("Traceback"), std::string::npos) << refused.output;
   }
 }
 
