@@ -235,8 +235,17 @@ def main():
                              "repeatable) into --out instead of running")
     args = parser.parse_args()
     if args.from_csv:
+        try:
+            rows = read_rows(args.from_csv)
+        except OSError as error:
+            print(f"sweep: cannot read {error.filename}: {error.strerror}", file=sys.stderr)
+            return 2
+        except (KeyError, ValueError, TypeError) as error:
+            print(f"sweep: --from-csv {' '.join(args.from_csv)}: not the sweep.csv of a sweep "
+                  f"({type(error).__name__}: {error})", file=sys.stderr)
+            return 2
         os.makedirs(args.out, exist_ok=True)
-        plot(read_rows(args.from_csv), args.out)
+        plot(rows, args.out)
         print(f"sweep: plots of {len(args.from_csv)} sweep(s) in {args.out}")
         return 0
     if not os.access(args.binary, os.X_OK):

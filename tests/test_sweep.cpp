@@ -207,6 +207,19 @@ TEST(Sweep, LengthsTakeThePlansSuffixes) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("refused")));
 }
 
+// --from-csv redraws earlier sweeps; a file that is none is named, with status 2.
+TEST(Sweep, FromCsvNamesAFileThatIsNotASweep) {
+  TempDir dir;
+  testing::write_text_file(dir.file("other.csv"), "a,b\n1,2\n");
+  for (const std::string& name : {"other.csv", "missing.csv"}) {
+    auto result = run_command(sweep("--from-csv " + dir.file(name) + " --out " + dir.file("p")));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_EQ(result.output.rfind("sweep: ", 0), 0u) << result.output;
+    EXPECT_EQ(result.output.find("Traceback"), std::string::npos) << result.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("p")));
+}
+
 // A sweep told to stop ends the run it waits for: no mpirun or rank is left training. While it
 // runs, a second sweep into its folder is refused.
 TEST(Sweep, StopSignalEndsTheRunningJob) {
