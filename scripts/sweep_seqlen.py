@@ -165,7 +165,7 @@ def write_longest(path, longest, budget_gib):
             writer.writerow([sp, zero, ck, u, tiles, offload, budget_gib, speed, ended_by, good])
             found = f"{good or 'none fits'}" + (f" at {speed} tok/s" if row else "")
             if ended_by == "max_seq_len":
-                found += f" (every length up to --max-seq-len {good} fits)"
+                found += " (every length tried up to --max-seq-len fits)"
             elif ended_by != "budget":
                 found = f"search ended: {ended_by}; longest that fit before it: {good or 'none'}"
             print(f"longest sequence within {budget_gib} GiB per rank: sp {sp} zero {zero} {ck} "
