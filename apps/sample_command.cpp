@@ -3,14 +3,35 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <limits>
+#include <sstream>
 
 #include "apps/common_options.h"
 #include "apps/weight_source_options.h"
 #include "core/jobs/run_on_world.h"
 #include "core/jobs/sample_job.h"
+#include "data/input_file.h"
 #include "parallel/exit_code.h"
 
 namespace ulysses {
+
+namespace {
+
+// The bytes of path ('-': standard input) into text; "" when read, else what is wrong, naming
+// the file.
+std::string read_prompt_file(const std::string& path, std::string& text) {
+  if (path == "-") {
+    std::ostringstream bytes;
+    bytes << std::cin.rdbuf();
+    text = bytes.str();
+  } else {
+    InputFile file(path);
+    if (!file.is_open() || !file.read_all(text)) return file.problem();
+  }
+  if (text.empty()) return "'" + path + "' is empty: there is no prompt to continue";
+  return "";
+}
+
+}  // namespace
 
 int run_sample_command(int argc, char** argv) {
   SampleOptions options;
@@ -29,9 +50,16 @@ int run_sample_command(int argc, char** argv) {
   add_weight_source_options(app, options.weights);
   CLI::Option* prompt = app.add_option("--prompt", options.prompt,
                                        "text to continue, one token per byte (data.source: text)");
+  std::string prompt_file;
+  CLI::Option* prompt_from_file =
+      app.add_option("--prompt-file", prompt_file,
+                     "as --prompt, the text of a file ('-': standard input): for a long context, "
+                     "which a command line cannot hold (128 KiB an argument on Linux)")
+          ->excludes(prompt);
   app.add_option("--prompt-tokens", options.prompt_tokens, "token ids to continue, e.g. 1,2,3")
       ->delimiter(',')
-      ->excludes(prompt);
+      ->excludes(prompt)
+      ->excludes(prompt_from_file);
   constexpr double kLargestInt = std::numeric_limits<int>::max();
   app.add_option("--max-new-tokens", options.max_new_tokens, "tokens to generate (default 64)")
       ->check(number_between(1, kLargestInt));
@@ -58,6 +86,13 @@ int run_sample_command(int argc, char** argv) {
   if (const std::string problem = weight_source_problem(options.weights); !problem.empty()) {
     std::cerr << "ulysses-train sample: " << problem << "\n";
     return int(ExitCode::bad_input);
+  }
+  if (!prompt_file.empty()) {
+    if (const std::string problem = read_prompt_file(prompt_file, options.prompt);
+        !problem.empty()) {
+      std::cerr << "ulysses-train sample: --prompt-file " << problem << "\n";
+      return int(ExitCode::bad_input);
+    }
   }
   // stdout is the samples (text, tokens or JSON); the log goes apart.
   return run_on_world(&argc, &argv, false, parse_log_color(color), LogStream::err,

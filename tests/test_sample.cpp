@@ -91,6 +91,23 @@ TEST_F(SampleFromHf, PrintsTheDecodedTextWithoutJson) {
   EXPECT_NE(result.output.find("\nOnce upon"), std::string::npos) << result.output;
 }
 
+// A long context's prompt comes from a file (or standard input): the same tokens as --prompt.
+TEST_F(SampleFromHf, APromptFileIsThePromptsBytes) {
+  testing::write_text_file(dir_.file("prompt.txt"), "The ");
+  const std::vector<int32_t> greedy = sample("--temperature 0");
+  ASSERT_FALSE(greedy.empty());
+  const std::string command = kTrain + " sample --config " + dir_.file("c.yaml") + " --init-from " +
+                              dir_.file("hf") +
+                              " --max-new-tokens 16 --json --temperature 0 --prompt-file ";
+  for (const std::string& source : {dir_.file("prompt.txt"), "- < " + dir_.file("prompt.txt")}) {
+    const auto result = run_command(command + source);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const nlohmann::json line = testing::last_json_line(result.output);
+    EXPECT_EQ(line["prompt_tokens"], nlohmann::json({84, 104, 101, 32})) << source;
+    EXPECT_EQ(line["new_tokens"].get<std::vector<int32_t>>(), greedy) << source;
+  }
+}
+
 TEST_F(SampleFromHf, BadPromptsExitTwoSayingWhy) {
   struct Case {
     std::string arguments, message;
@@ -101,7 +118,15 @@ TEST_F(SampleFromHf, BadPromptsExitTwoSayingWhy) {
       {"--prompt a --prompt-tokens 1", "--prompt excludes --prompt-tokens"},
       {"", "give a prompt"},
       {"--prompt a --temperature -1", "temperature"},
+      {"--prompt-file " + dir_.file("absent.txt"),
+       "--prompt-file '" + dir_.file("absent.txt") + "' does not exist"},
+      {"--prompt-file " + dir_.path(), "is a folder, not a file"},
+      {"--prompt-file " + dir_.file("empty.txt"), "is empty: there is no prompt to continue"},
+      {"--prompt a --prompt-file " + dir_.file("c.yaml"), "--prompt excludes --prompt-file"},
+      {"--prompt-tokens 1 --prompt-file " + dir_.file("c.yaml"),
+       "--prompt-file excludes --prompt-tokens"},
   };
+  testing::write_text_file(dir_.file("empty.txt"), "");
   for (const Case& c : cases) {
     const auto result = run_command(kTrain + " sample --config " + dir_.file("c.yaml") +
                                     " --init-from " + dir_.file("hf") + " " + c.arguments);

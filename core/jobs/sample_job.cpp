@@ -45,8 +45,8 @@ std::vector<int32_t> prompt_tokens(const SampleOptions& options, const Config& c
   if (!options.prompt.empty()) {
     if (config.data.source != DataSource::text)
       throw bad_input(
-          "--prompt is text for byte-level models (data.source: text); data.source "
-          "is " +
+          "--prompt and --prompt-file are text for byte-level models (data.source: text); "
+          "data.source is " +
           name_of(config.data.source) + ": give token ids with --prompt-tokens");
     // A token is a byte, 0 to 255: UTF-8 text beyond ASCII is bytes 128-255, as the text
     // reader makes them (data/token_stream.h).
@@ -193,7 +193,9 @@ void run_sample(const SampleOptions& options, Comm& world) {
   const Config& config = job.config;
   const bool has_prompt = !options.prompt.empty() || !options.prompt_tokens.empty();
   if (!has_prompt && config.data.source != DataSource::synthetic)
-    throw bad_input("give a prompt: --prompt TEXT (data.source: text) or --prompt-tokens 1,2,3");
+    throw bad_input(
+        "give a prompt: --prompt TEXT or --prompt-file PATH (data.source: text), or "
+        "--prompt-tokens 1,2,3");
   if (has_prompt)
     continue_prompt(options, config, job);
   else

@@ -19,7 +19,7 @@ struct SampleOptions {
   std::string config_path;
   std::vector<std::string> overrides;  // "a.b=value"
   WeightSource weights;
-  std::string prompt;                  // --prompt: text, one token per byte
+  std::string prompt;                  // --prompt or --prompt-file: text, one token per byte
   std::vector<int32_t> prompt_tokens;  // --prompt-tokens
   int max_new_tokens = 64;
   SamplingOptions sampling;
