@@ -10,6 +10,7 @@
 #include "apps/plan_command.h"
 #include "apps/sample_command.h"
 #include "core/config/config.h"
+#include "core/jobs/job_identity.h"
 #include "core/jobs/run_job.h"
 #include "core/jobs/run_on_world.h"
 #include "core/report/log_setup.h"
@@ -48,12 +49,15 @@ int main(int argc, char** argv) {
       "  ulysses-train export --checkpoint DIR --format hf-llama|llmc --out PATH\n"
       "  ulysses-train eval --config C --checkpoint DIR | --init-from PATH [--json]\n"
       "  ulysses-train sample --config C --checkpoint DIR | --init-from PATH [--prompt TEXT | "
-      "--prompt-tokens 1,2,3] [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+      "--prompt-file PATH | --prompt-tokens 1,2,3] [--max-new-tokens N] [--temperature T] "
+      "[--top-k K] [--seed S]\n"
       "  ulysses-train config-reference   (the key tables of docs/configuration.md)\n"
-      "  ulysses-train plan --config C --seq 32k,1m --sp 1,8 --device-gib 80   (memory plan on "
-      "any machine, device: cuda too)\n"
+      "  ulysses-train plan --config C --seq 32k,1m --sp 1,8 --device-gib 80 [--json]   (memory "
+      "plan on any machine, device: cuda too)\n"
       "Docs: docs/configuration.md, docs/checkpoints.md, docs/evaluation.md, docs/memory.md, "
       "docs/failures.md, docs/parallelism.md");
+  app.set_version_flag("--version", std::string("ulysses-train ") + ulysses_version(),
+                       "print the version this binary was built from (git describe) and exit");
   app.add_option("--config,-c", options.config_path, "YAML config file (see docs/configuration.md)")
       ->required();
   app.add_option("--set", options.overrides,

@@ -34,6 +34,22 @@ TEST(Cli, HelpListsEveryOption) {
     EXPECT_NE(result.output.find(option), std::string::npos) << option;
 }
 
+// --version, for a script that records what it ran: the version each run logs first.
+TEST(Cli, VersionIsTheOneARunLogs) {
+  auto version = run_command(kTrain + " --version");
+  ASSERT_EQ(version.exit_code, 0) << version.output;
+  ASSERT_EQ(version.output.rfind("ulysses-train ", 0), 0u) << version.output;
+  const std::string text = version.output.substr(0, version.output.find('\n'));
+  ASSERT_GT(text.size(), std::string("ulysses-train ").size()) << version.output;
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml());
+  auto trained = run_command("cd " + dir.path() + " && " + kTrain + " --config " +
+                             dir.file("c.yaml") + " --set train.steps=1");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_NE(trained.output.find("info " + text + ": "), std::string::npos) << text << "\n"
+                                                                           << trained.output;
+}
+
 TEST(Cli, MissingConfigOptionExitsTwo) {
   auto result = run_command(kTrain);
   EXPECT_EQ(result.exit_code, 2) << result.output;
