@@ -267,7 +267,10 @@ def main():
     try:
         check_overrides(args.set)
         os.makedirs(args.out, exist_ok=True)
-        table = SweepTable(args.out, settings, file_sha256(args.binary))
+        version = subprocess.run([args.binary, "--version"], capture_output=True, text=True)
+        table = SweepTable(args.out, settings,
+                           {"binary_sha256": file_sha256(args.binary),
+                            "binary_version": version.stdout.strip() or "unknown"})
     except SweepRefused as refused:
         print(f"sweep: {refused}", file=sys.stderr)
         return 2

@@ -64,7 +64,9 @@ def settings_difference(recorded, settings):
 class SweepTable:
     """OUT/sweep.csv and OUT/sweep.json. `done` maps row_key to the rows already measured."""
 
-    def __init__(self, out_dir, settings, binary_sha256):
+    def __init__(self, out_dir, settings, binary):
+        """settings: what the rows must share (settings_difference); binary: the trainer's
+        {"binary_sha256", "binary_version"}, recorded beside them."""
         # One sweep at a time in OUT: two would append their rows to one CSV. The kernel drops
         # the lock however this process ends.
         self.lock = open(os.path.join(out_dir, ".lock"), "a")
@@ -79,15 +81,15 @@ class SweepTable:
         self.rows = []
         self.done = {}
         if os.path.exists(self.csv_path):
-            self._continue(settings, binary_sha256)
+            self._continue(settings, binary)
         else:
             replace_file(self.json_path,
-                         json.dumps(dict(settings, binary_sha256=binary_sha256), indent=2) + "\n")
+                         json.dumps(dict(settings, **binary), indent=2) + "\n")
             replace_file(self.csv_path, ",".join(FIELDS) + "\r\n")
         self.file = open(self.csv_path, "a", newline="")
         self.writer = csv.DictWriter(self.file, fieldnames=FIELDS)
 
-    def _continue(self, settings, binary_sha256):
+    def _continue(self, settings, binary):
         if not os.path.exists(self.json_path):
             raise SweepRefused(
                 f"{self.csv_path} holds a sweep whose settings were not recorded (no sweep.json "
@@ -102,8 +104,9 @@ class SweepTable:
                 f"({difference}): its rows would not compare with this sweep's. Run it again "
                 "with the same settings to continue it, choose another --out, or remove that "
                 "folder to start again")
-        if recorded.get("binary_sha256") != binary_sha256:
-            print("sweep: warning: the trainer binary changed since the rows already in "
+        if recorded.get("binary_sha256") != binary["binary_sha256"]:
+            print(f"sweep: warning: the trainer binary changed ({recorded.get('binary_version')} "
+                  f"there, {binary['binary_version']} here) since the rows already in "
                   f"{self.csv_path} were measured; they are kept as measured by the earlier build",
                   file=sys.stderr)
         with open(self.csv_path, newline="") as f:

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
@@ -125,6 +126,19 @@ TEST(Sweep, ContinuesWhereItStopped) {
   ASSERT_EQ(rows.size(), 3u) << testing::read_text_file(dir.file("sweep.csv"));
   EXPECT_EQ(field(rows[0], rows[2], "seq_len"), "192");
   EXPECT_EQ(field(rows[0], rows[2], "exit_status"), "0");
+
+  // Rows of another build are kept, with a warning naming both versions.
+  nlohmann::json recorded = nlohmann::json::parse(testing::read_text_file(dir.file("sweep.json")));
+  EXPECT_EQ(recorded["binary_version"].get<std::string>().rfind("ulysses-train ", 0), 0u);
+  recorded["binary_sha256"] = "another build";
+  recorded["binary_version"] = "ulysses-train v0";
+  testing::write_text_file(dir.file("sweep.json"), recorded.dump());
+  auto rebuilt = run_command(sweep("--seq-lens 128,192" + out));
+  ASSERT_EQ(rebuilt.exit_code, 0) << rebuilt.output;
+  EXPECT_NE(rebuilt.output.find("the trainer binary changed (ulysses-train v0 there, "),
+            std::string::npos)
+      << rebuilt.output;
+  EXPECT_EQ(lines_of(dir.file("sweep.csv")).size(), 3u) << rebuilt.output;
 }
 
 // Rows of other settings would not compare: the folder is refused and left as it was.
