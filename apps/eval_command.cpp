@@ -37,10 +37,6 @@ int run_eval_command(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : int(ExitCode::bad_input);
   }
-  if (const std::string problem = weight_source_problem(options.weights); !problem.empty()) {
-    std::cerr << "ulysses-train eval: " << problem << "\n";
-    return int(ExitCode::bad_input);
-  }
   return run_on_world(&argc, &argv, false, parse_log_color(color),
                       options.json ? LogStream::err : LogStream::out,
                       [&](Comm& world) { run_eval(options, world); });

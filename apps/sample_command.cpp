@@ -83,10 +83,6 @@ int run_sample_command(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : int(ExitCode::bad_input);
   }
-  if (const std::string problem = weight_source_problem(options.weights); !problem.empty()) {
-    std::cerr << "ulysses-train sample: " << problem << "\n";
-    return int(ExitCode::bad_input);
-  }
   if (!prompt_file.empty()) {
     if (const std::string problem = read_prompt_file(prompt_file, options.prompt);
         !problem.empty()) {

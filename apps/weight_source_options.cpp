@@ -17,10 +17,4 @@ void add_weight_source_options(CLI::App& app, WeightSource& source) {
       ->excludes(checkpoint);
 }
 
-std::string weight_source_problem(const WeightSource& source) {
-  if (source.checkpoint.empty() && source.init_from.empty())
-    return "give the weights: --checkpoint DIR or --init-from PATH";
-  return "";
-}
-
 }  // namespace ulysses

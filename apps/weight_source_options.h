@@ -1,5 +1,6 @@
 // --checkpoint and --init-from, shared by `ulysses-train eval` and `sample`: where the
-// weights come from (core/checkpoint/weights_source.h). Exactly one must be given.
+// weights come from (core/checkpoint/weights_source.h). At most one; without either, the
+// newest checkpoint of the config's train.checkpoint.dir.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -10,8 +11,5 @@
 namespace ulysses {
 
 void add_weight_source_options(CLI::App& app, WeightSource& source);
-
-// After parsing: why the weights are not given exactly once, or "" when they are.
-std::string weight_source_problem(const WeightSource& source);
 
 }  // namespace ulysses

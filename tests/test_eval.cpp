@@ -63,6 +63,17 @@ TEST_F(EvalCommand, ACheckpointDirMeansItsNewestAndInitFromReadsTheSameWeights) 
   EXPECT_EQ(testing::last_json_line(init_from.output)["loss"], line["loss"]);
 }
 
+// Without --checkpoint or --init-from, the run the config describes: the newest checkpoint of
+// its train.checkpoint.dir.
+TEST_F(EvalCommand, WithoutWeightsItEvaluatesTheNewestCheckpointOfTheConfigsRun) {
+  const auto result = eval("--json");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const nlohmann::json line = testing::last_json_line(result.output);
+  EXPECT_EQ(line["weights"].get<std::string>(), dir_.file("ckpt/step_00000004"));
+  EXPECT_EQ(line["loss"].get<double>(),
+            testing::trainer_eval_at(dir_, 4)["eval_loss"].get<double>());
+}
+
 TEST_F(EvalCommand, WithoutJsonPrintsLossPerplexityTokensAndAccuracy) {
   const auto result = eval("--checkpoint " + dir_.file("ckpt"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -101,7 +112,11 @@ TEST_F(EvalCommand, BadArgumentsExitTwoSayingWhy) {
   };
   std::filesystem::create_directory(dir_.file("empty"));
   const Case cases[] = {
-      {"", "give the weights: --checkpoint DIR or --init-from PATH"},
+      {"--set \"train.checkpoint.dir=''\"",
+       "give the weights: --checkpoint DIR or --init-from PATH, or a config whose "
+       "train.checkpoint.dir holds the run's checkpoints"},
+      {"--set train.checkpoint.dir=" + dir_.file("missing"),
+       "train.checkpoint.dir: '" + dir_.file("missing") + "' does not exist"},
       {"--checkpoint " + dir_.file("ckpt") + " --init-from " + dir_.file("ckpt"),
        "--checkpoint excludes --init-from"},
       {"--checkpoint " + dir_.file("missing"), "missing' does not exist"},

@@ -66,13 +66,20 @@ OpenedWeights open_agreed_weights(Comm& world, const std::string& path,
   }
 }
 
-OpenedWeights open_weight_source(const WeightSource& source, const ModelConfig& config,
-                                 Comm& world) {
-  if (source.checkpoint.empty())
-    return open_agreed_weights(world, source.init_from, resolve_weights_path, config);
+OpenedWeights open_weight_source(const WeightSource& source, const Config& config, Comm& world) {
+  if (!source.init_from.empty())
+    return open_agreed_weights(world, source.init_from, resolve_weights_path, config.model);
+  const bool given = !source.checkpoint.empty();
+  const std::string& folder = given ? source.checkpoint : config.train.checkpoint.dir;
+  agree_on_failure(world,
+                   folder.empty() ? "give the weights: --checkpoint DIR or --init-from PATH, or a "
+                                    "config whose train.checkpoint.dir holds the run's checkpoints"
+                                  : "",
+                   ExitCode::bad_input);
+  const std::string option = given ? "--checkpoint" : "train.checkpoint.dir";
   return open_agreed_weights(
-      world, source.checkpoint,
-      [](const std::string& path) { return require_checkpoint_in(path, "--checkpoint"); }, config);
+      world, folder, [&](const std::string& path) { return require_checkpoint_in(path, option); },
+      config.model);
 }
 
 void load_opened_weights(const OpenedWeights& opened, Model& model) {

@@ -15,6 +15,7 @@
 
 namespace ulysses {
 
+// At most one is set; neither: the newest checkpoint of the config's train.checkpoint.dir.
 struct WeightSource {
   std::string checkpoint;  // --checkpoint
   std::string init_from;   // --init-from
@@ -38,11 +39,11 @@ OpenedWeights open_agreed_weights(Comm& world, const std::string& path,
                                   const std::function<std::string(const std::string&)>& resolve,
                                   const ModelConfig& config);
 
-// Collective: open_agreed_weights of --checkpoint (a ulysses checkpoint, or a checkpoint dir)
-// or of --init-from (any path model.init_from takes), before a model is built (or its memory
-// checked).
-OpenedWeights open_weight_source(const WeightSource& source, const ModelConfig& config,
-                                 Comm& world);
+// Collective: open_agreed_weights of --checkpoint (a ulysses checkpoint, or a checkpoint dir),
+// of --init-from (any path model.init_from takes), or without either of config's
+// train.checkpoint.dir (JobError(bad_input) when that is empty too), before a model is built
+// (or its memory checked).
+OpenedWeights open_weight_source(const WeightSource& source, const Config& config, Comm& world);
 
 // Collective: each rank reads the ranges of the weights it stores into model, built from the
 // same config.

@@ -15,8 +15,9 @@ namespace ulysses {
 namespace {
 
 std::string weights_argument(const WeightSource& source) {
-  return source.checkpoint.empty() ? "--init-from " + source.init_from
-                                   : "--checkpoint " + source.checkpoint;
+  if (!source.init_from.empty()) return "--init-from " + source.init_from;
+  if (!source.checkpoint.empty()) return "--checkpoint " + source.checkpoint;
+  return "train.checkpoint.dir";
 }
 
 // Collective: the validation split, or JobError(bad_input) on every rank when it cannot be
@@ -42,7 +43,7 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   connect_job(job, world);
   const Config& config = job.config;
   const TrainConfig& train = config.train;
-  const OpenedWeights weights = open_weight_source(options.weights, config.model, world);
+  const OpenedWeights weights = open_weight_source(options.weights, config, world);
   check_eval_fits(world, config, omp_get_max_threads(), rank_memory(world, *job.backend),
                   host_rank_memory(world));
   const int64_t seq_local = padded_seq_local(train.seq_len, job.mesh.sp_size);

@@ -73,7 +73,7 @@ struct SampleModel {
 SampleModel load_sample_model(const SampleOptions& options, const Config& config, JobSession& job,
                               int64_t context_len, const std::string& context) {
   Comm& world = *job.mesh.world;
-  const OpenedWeights weights = open_weight_source(options.weights, config.model, world);
+  const OpenedWeights weights = open_weight_source(options.weights, config, world);
   check_sample_fits(world, config, context_len, context, omp_get_max_threads(),
                     rank_memory(world, *job.backend), host_rank_memory(world));
   SampleModel sample{weights.path, std::make_unique<Model>(config, *job.backend, *job.mesh.sp,
