@@ -7,8 +7,9 @@ namespace ulysses {
 void add_weight_source_options(CLI::App& app, WeightSource& source) {
   CLI::Option* checkpoint =
       app.add_option("--checkpoint", source.checkpoint,
-                     "a checkpoint step folder (step_XXXXXXXX), or a checkpoint dir "
-                     "(train.checkpoint.dir) whose newest intact checkpoint is used")
+                     "a checkpoint step folder (step_XXXXXXXX), or a checkpoint dir whose "
+                     "newest intact checkpoint is used (default, without --init-from: the "
+                     "config's train.checkpoint.dir)")
           ->check(existing_folder());
   app.add_option("--init-from", source.init_from,
                  "pretrained weights as model.init_from takes them: a Hugging Face Llama folder, "
