@@ -161,7 +161,7 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
   const bool check_machine = limit == 0 && memory.bytes > 0;
   const bool check_host = config.device == Device::cuda && host_memory.bytes > 0;
   const bool check_limit = limit > 0 && !config.train.seq_len_schedule.empty();
-  const bool warn_machine = limit > 0 && memory.bytes > 0 && world.rank() == 0;
+  const bool warn_machine = limit > 0 && memory.bytes > 0;
   if (!check_machine && !check_host && !check_limit && !warn_machine) return;
   const std::vector<StagePlan> stages = plan_stages(config, world.size(), cpu_threads);
   std::string error;
@@ -169,7 +169,7 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
   if (error.empty() && check_machine)
     error = machine_fit_problem(stages, memory, config, world.size(), plan_command);
   if (error.empty()) error = host_fit_problem(stages, host_memory, config);
-  if (error.empty() && warn_machine)
+  if (error.empty() && warn_machine && world.rank() == 0)
     warn_past_machine(machine_fit_problem(stages, memory, config, world.size(), plan_command));
   if (error.empty() && check_machine && world.rank() == 0) {
     int64_t peak = 0;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/jobs/memory_fit.h"
 #include "parallel/exit_code.h"
 #include "tests/mpi/mpi_testing.h"
 
@@ -96,6 +97,20 @@ TEST_F(JobSessionTest, RanksThatRunDifferentCommandsAreStoppedTogether) {
       EXPECT_NE(std::string(error.what()).find("command: rank 0 has 'train'"), std::string::npos)
           << error.what();
   }
+}
+
+// With memory.limit_gib above a rank's memory, the check against that memory only warns, on
+// rank 0; every rank still leaves the check together. (A rank that skipped it and went on to
+// the next collective would meet rank 0 still agreeing on the check's verdict: the verdict's
+// all-reduce would take this test's value for a failure.)
+TEST_F(JobSessionTest, AMemoryLimitAboveTheMachineIsCheckedInStepOnEveryRank) {
+  const std::string path = write_config(model_);
+  const Config config = load_config(path, {"memory.limit_gib=1000", "train.seq_len=4096"});
+  const RankMemory small{int64_t(1) << 20, "a fixed 1 MiB", 1};
+  EXPECT_NO_THROW(check_stages_fit(world(), config, 1, "ulysses-train plan", small, RankMemory{}));
+  double values[2] = {10.0 + world().rank(), 0.0};
+  world().all_reduce_host(values, 2, ReduceOp::max);
+  EXPECT_EQ(values[0], 10.0 + world().size() - 1);
 }
 
 }  // namespace
