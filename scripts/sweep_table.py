@@ -95,8 +95,14 @@ class SweepTable:
                 f"{self.csv_path} holds a sweep whose settings were not recorded (no sweep.json "
                 "beside it): its rows may not compare with this sweep's. Choose another --out, or "
                 "remove that folder to start again")
-        with open(self.json_path) as f:
-            recorded = json.load(f)
+        try:
+            with open(self.json_path) as f:
+                recorded = json.load(f)
+            if not isinstance(recorded, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as error:
+            raise SweepRefused(f"{self.json_path} cannot be read ({error}): choose another --out, "
+                               "or remove that folder to start again") from None
         difference = settings_difference(recorded, settings)
         if difference:
             raise SweepRefused(
