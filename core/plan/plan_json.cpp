@@ -37,8 +37,8 @@ nlohmann::json target_json(const char* kind, const PlanTarget& target, int sp) {
   return line;
 }
 
-}  // namespace
-
+// A plan's categories (persistent and step peak), device total, rank need, bytes sent per step
+// and host memory.
 nlohmann::json memory_plan_json(const MemoryPlan& plan) {
   return {{"persistent_bytes", by_category(plan.persistent)},
           {"peak_bytes", by_category(plan.peak)},
@@ -53,6 +53,8 @@ nlohmann::json memory_plan_json(const MemoryPlan& plan) {
             {"weights_io", plan.host_weights_io},
             {"staging", plan.host_staging}}}};
 }
+
+}  // namespace
 
 nlohmann::json plan_point_json(const PlanPoint& point, const PlanTarget& target,
                                const std::vector<RingSplit>& splits) {

@@ -11,10 +11,6 @@
 
 namespace ulysses {
 
-// A plan's categories (persistent and step peak), device total, rank need, bytes sent per step
-// and host memory.
-nlohmann::json memory_plan_json(const MemoryPlan& plan);
-
 // A (seq_len, sp) point as print_plan_point reports it, with the ring splits of sp (none for
 // sp 1): {"kind": "point", ...}.
 nlohmann::json plan_point_json(const PlanPoint& point, const PlanTarget& target,
