@@ -51,9 +51,9 @@ std::string host_fit_problem(const std::vector<StagePlan>& stages, const RankMem
 // built. With memory.limit_gib, a curriculum's stages are checked against it: the status of
 // an allocation past the limit, reached before the first step instead of at the stage change.
 // Without it, every stage is checked against memory (0: not known, nothing checked), and a
-// run that fits logs its peak; with it, a stage past memory is a warning. A cuda run's stages are also checked against host_memory,
-// whatever the limit (it caps the device only). plan_command starts the command the message
-// suggests.
+// run that fits logs its peak; with it, a stage past memory is a warning. A cuda run's stages are
+// also checked against host_memory, whatever the limit (it caps the device only). plan_command
+// starts the command the message suggests.
 void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
                       const std::string& plan_command, const RankMemory& memory,
                       const RankMemory& host_memory);
