@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from sweep_plots import CATEGORIES, option_label, plot, read_rows
 from sweep_table import TIMED_OUT, SweepRefused, SweepTable, file_sha256, row_key
@@ -275,19 +276,26 @@ def main():
         print(f"sweep: {refused}", file=sys.stderr)
         return 2
 
+    # Runs so far, of how many (a budget search does not know how many it will take).
+    progress = {"runs": 0, "of": len(combos) * len(args.seq_lens) if args.budget_gib <= 0 else 0}
+
     def measure(seq_len, sp, option, limit_gib, workdir):
         zero, ck, u, tiles, offload = option
         key = row_key({"seq_len": seq_len, "sp": sp, "zero_stage": zero, "checkpointing": ck,
                        "head_chunks": u, "tiled_mlp": tiles, "offload": offload})
         row = table.done.get(key)
         measured_before = row is not None
+        started = time.monotonic()
         if not measured_before:
             row = run_one(args, seq_len, sp, option, limit_gib, workdir)
             table.record(row)
-        print(f"seq {row['seq_len']:>8} sp {row['sp']} {option_label(row):<30} -> " +
+        progress["runs"] += 1
+        count = f"[{progress['runs']}" + (f"/{progress['of']}]" if progress["of"] else "]")
+        print(f"{count} seq {row['seq_len']:>8} sp {row['sp']} {option_label(row):<30} -> " +
               (f"{row['tokens_per_s']} tok/s, peak {row['peak_total_bytes'] / 2**20:.1f} MiB"
                if row["exit_status"] == 0 else f"FAILED ({row['error']})") +
-              (" (in sweep.csv already)" if measured_before else ""), flush=True)
+              (" (in sweep.csv already)" if measured_before
+               else f" ({time.monotonic() - started:.1f} s)"), flush=True)
         return row
 
     try:

@@ -60,6 +60,8 @@ TEST(Sweep, FailedRunIsARowWithItsError) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   std::vector<std::string> rows = lines_of(dir.file("sweep.csv"));
   ASSERT_EQ(rows.size(), 5u) << result.output;  // header + 2 seq lens x 2 sp
+  EXPECT_NE(result.output.find("[1/4] seq      128 sp 1 "), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("[4/4] seq      256 sp 3 "), std::string::npos) << result.output;
   EXPECT_EQ(rows[0].rfind("seq_len,sp,zero_stage,checkpointing,tokens_per_s", 0), 0u);
   EXPECT_EQ(rows[1].rfind("128,1,0,none,", 0), 0u) << rows[1];
   EXPECT_NE(rows[1].find(",0,"), std::string::npos) << rows[1];  // exit status 0
