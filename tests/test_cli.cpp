@@ -81,6 +81,35 @@ TEST(Cli, DryRunPrintsResolvedConfigParametersAndMemoryPlan) {
   EXPECT_FALSE(std::ifstream(dir.file("metrics.jsonl")).good());
 }
 
+// The dry run says how the run's check against this machine's memory would go: it fits, or
+// the run would stop before its first step (the dry run itself still exits 0: the config is
+// valid), or memory.limit_gib replaces the check.
+TEST(Cli, DryRunSaysWhetherTheStepFitsThisMachine) {
+  TempDir dir;
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml());
+  const std::string dry_run = kTrain + " --config " + dir.file("c.yaml") + " --dry-run";
+  auto fits = run_command(dry_run);
+  EXPECT_EQ(fits.exit_code, 0) << fits.output;
+  EXPECT_NE(fits.output.find("# this machine: the step peak "), std::string::npos) << fits.output;
+  EXPECT_NE(fits.output.find(" this rank can have (host memory"), std::string::npos) << fits.output;
+  // 2^31 - 1 tokens x 1024: more than any machine has.
+  const std::string huge = " --set train.seq_len=2147483647 --set train.batch_size=1024";
+  auto too_big = run_command(dry_run + huge);
+  EXPECT_EQ(too_big.exit_code, 0) << too_big.output;
+  EXPECT_NE(too_big.output.find("# this machine: the run would stop before its first step (exit "
+                                "1): the memory plan needs "),
+            std::string::npos)
+      << too_big.output;
+  auto limited = run_command(dry_run + huge + " --set memory.limit_gib=1073741824");
+  EXPECT_NE(limited.output.find("# this machine: memory.limit_gib is set, so the run is held to "
+                                "it, not to this machine's memory"),
+            std::string::npos)
+      << limited.output;
+  // What the dry run said is what the run does.
+  auto run = run_command(kTrain + " --config " + dir.file("c.yaml") + huge);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+}
+
 TEST(Cli, TrainsAndWritesOneMetricsLinePerStep) {
   TempDir dir;
   testing::write_text_file(dir.file("c.yaml"),

@@ -85,6 +85,33 @@ void print_plan(const Config& config, int world_size) {
               << (limit > 0 && stage.device_peak > limit ? ", ABOVE memory.limit_gib" : "") << "\n";
 }
 
+// How the run's check against the memory this rank can have would go (core/jobs/memory_fit.h):
+// on the cpu backend the dry run knows that memory; a cuda config's GPU is not asked for.
+void print_machine_fit(const Config& config, int world_size, const RankMemory& memory,
+                       const std::string& plan_command) {
+  if (memory.bytes <= 0) return;
+  const std::vector<StagePlan> stages = plan_stages(config, world_size, omp_get_max_threads());
+  const std::string problem = machine_fit_problem(stages, memory, config, world_size, plan_command);
+  if (problem.empty()) {
+    int64_t peak = 0;
+    for (const StagePlan& stage : stages) peak = std::max(peak, stage.rank_need);
+    std::cout << "# this machine: the step peak " << format_bytes(peak) << " per rank fits the "
+              << format_bytes(memory.bytes) << " this rank can have (" << memory.source
+              << (memory.sharing_ranks > 1
+                      ? ", split among the " + std::to_string(memory.sharing_ranks) +
+                            " ranks that share it"
+                      : "")
+              << ")\n";
+  } else if (memory_limit_bytes(config) > 0) {
+    std::cout << "# this machine: memory.limit_gib is set, so the run is held to it, not to this "
+                 "machine's memory, which it would not fit (a warning at its start): "
+              << problem << "\n";
+  } else {
+    std::cout << "# this machine: the run would stop before its first step (exit 1): " << problem
+              << "\n";
+  }
+}
+
 // Seconds since this process started (Linux: /proc), or -1 where that is not known.
 double seconds_since_launch() {
   std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
@@ -127,7 +154,11 @@ void run_job(const JobOptions& options, Comm& world) {
       open_job(options.config_path, options.overrides, command, world, !options.dry_run);
   const Config& config = job.config;
   if (options.dry_run) {
-    if (world.rank() == 0) print_plan(config, world.size());
+    const RankMemory here = config.device == Device::cpu ? host_rank_memory(world) : RankMemory{};
+    if (world.rank() == 0) {
+      print_plan(config, world.size());
+      print_machine_fit(config, world.size(), here, plan_command(options));
+    }
     return;
   }
   connect_job(job, world);
