@@ -71,6 +71,8 @@ def run_one(args, seq_len, sp, combo, limit_gib, workdir):
         "memory.limit_gib": limit_gib, "parallel.head_chunks": head_chunks,
         "memory.tiled_mlp": tiled_mlp, "memory.offload_checkpoints": offload,
     }
+    # check_overrides refuses a --set of these keys: the two lists are one.
+    assert set(overrides) == set(SWEEP_KEYS), set(overrides) ^ set(SWEEP_KEYS)
     command = ["mpirun", "-np", str(sp), "--bind-to", "none", args.binary, "--config", args.config]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]

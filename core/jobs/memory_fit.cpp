@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "core/jobs/job_session.h"
 #include "kernels/host_memory.h"
@@ -50,16 +51,6 @@ std::string offloaded_share(const StagePlan& plan, const Config& config) {
          "this memory)";
 }
 
-// "the 22.91 GiB this rank can have (host memory: ..., split among the 2 ranks that share it)"
-std::string rank_memory_text(const RankMemory& memory) {
-  const std::string sharing =
-      memory.sharing_ranks > 1
-          ? ", split among the " + std::to_string(memory.sharing_ranks) + " ranks that share it"
-          : "";
-  return "the " + format_bytes(memory.bytes) + " this rank can have (" + memory.source + sharing +
-         ")";
-}
-
 // Why a cuda eval's or sample's offloaded layer inputs (plan.host_peak) do not fit the host
 // memory beside the GPU, or "".
 std::string offloaded_inputs_problem(const std::string& job, const StagePlan& plan,
@@ -85,7 +76,33 @@ void warn_past_machine(const std::string& problem) {
       problem);
 }
 
+// Collective: problem_for(memory), the rank's memory unchecked when memory.limit_gib caps the
+// tracked memory instead (then past it is a warning on rank 0); every rank throws
+// JobError(runtime) when it is not "".
+void agree_on_fit(Comm& world, const Config& config, const RankMemory& memory,
+                  const std::function<std::string(const RankMemory&)>& problem_for) {
+  const bool limited = memory_limit_bytes(config) > 0;
+  const std::string problem = problem_for(limited ? RankMemory{} : memory);
+  if (problem.empty() && limited && world.rank() == 0) warn_past_machine(problem_for(memory));
+  agree_on_failure(world, problem, ExitCode::runtime);
+}
+
 }  // namespace
+
+std::string rank_memory_text(const RankMemory& memory) {
+  const std::string sharing =
+      memory.sharing_ranks > 1
+          ? ", split among the " + std::to_string(memory.sharing_ranks) + " ranks that share it"
+          : "";
+  return "the " + format_bytes(memory.bytes) + " this rank can have (" + memory.source + sharing +
+         ")";
+}
+
+int64_t planned_step_peak(const std::vector<StagePlan>& stages) {
+  int64_t peak = 0;
+  for (const StagePlan& stage : stages) peak = std::max(peak, stage.rank_need);
+  return peak;
+}
 
 RankMemory rank_memory(Comm& world, const Backend& backend) {
   const int ranks_here = std::max(1, ranks_on_this_node(world));
@@ -172,8 +189,7 @@ void check_stages_fit(Comm& world, const Config& config, int cpu_threads,
   if (error.empty() && warn_machine && world.rank() == 0)
     warn_past_machine(machine_fit_problem(stages, memory, config, world.size(), plan_command));
   if (error.empty() && check_machine && world.rank() == 0) {
-    int64_t peak = 0;
-    for (const StagePlan& stage : stages) peak = std::max(peak, stage.rank_need);
+    const int64_t peak = planned_step_peak(stages);
     spdlog::info("memory: planned step peak {} per rank, {:.1f}% of the {} this rank can have ({})",
                  format_bytes(peak), 100.0 * double(peak) / double(memory.bytes),
                  format_bytes(memory.bytes), memory.source);
@@ -215,12 +231,9 @@ std::string eval_fit_problem(const Config& config, int world_size, int cpu_threa
 
 void check_eval_fits(Comm& world, const Config& config, int cpu_threads, const RankMemory& memory,
                      const RankMemory& host_memory) {
-  const bool limited = memory_limit_bytes(config) > 0;
-  const std::string problem = eval_fit_problem(config, world.size(), cpu_threads,
-                                               limited ? RankMemory{} : memory, host_memory);
-  if (problem.empty() && limited && world.rank() == 0)
-    warn_past_machine(eval_fit_problem(config, world.size(), cpu_threads, memory, host_memory));
-  agree_on_failure(world, problem, ExitCode::runtime);
+  agree_on_fit(world, config, memory, [&](const RankMemory& checked) {
+    return eval_fit_problem(config, world.size(), cpu_threads, checked, host_memory);
+  });
 }
 
 std::string sample_fit_problem(const Config& config, int64_t context_len,
@@ -241,13 +254,9 @@ std::string sample_fit_problem(const Config& config, int64_t context_len,
 void check_sample_fits(Comm& world, const Config& config, int64_t context_len,
                        const std::string& context, int cpu_threads, const RankMemory& memory,
                        const RankMemory& host_memory) {
-  const bool limited = memory_limit_bytes(config) > 0;
-  const std::string problem = sample_fit_problem(config, context_len, context, cpu_threads,
-                                                 limited ? RankMemory{} : memory, host_memory);
-  if (problem.empty() && limited && world.rank() == 0)
-    warn_past_machine(
-        sample_fit_problem(config, context_len, context, cpu_threads, memory, host_memory));
-  agree_on_failure(world, problem, ExitCode::runtime);
+  agree_on_fit(world, config, memory, [&](const RankMemory& checked) {
+    return sample_fit_problem(config, context_len, context, cpu_threads, checked, host_memory);
+  });
 }
 
 }  // namespace ulysses

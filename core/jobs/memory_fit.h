@@ -24,6 +24,12 @@ struct RankMemory {
   int sharing_ranks = 1;
 };
 
+// "the 22.91 GiB this rank can have (host memory: ..., split among the 2 ranks that share it)"
+std::string rank_memory_text(const RankMemory& memory);
+
+// The largest planned step peak (rank_need) of the stages.
+int64_t planned_step_peak(const std::vector<StagePlan>& stages);
+
 // Collective: memory for this rank on its node (ranks_on_this_node shares host memory among
 // all of them, a GPU's among the ranks on it), with the tracked bytes the backend holds
 // already, which the plan counts too.

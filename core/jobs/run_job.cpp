@@ -93,15 +93,8 @@ void print_machine_fit(const Config& config, int world_size, const RankMemory& m
   const std::vector<StagePlan> stages = plan_stages(config, world_size, omp_get_max_threads());
   const std::string problem = machine_fit_problem(stages, memory, config, world_size, plan_command);
   if (problem.empty()) {
-    int64_t peak = 0;
-    for (const StagePlan& stage : stages) peak = std::max(peak, stage.rank_need);
-    std::cout << "# this machine: the step peak " << format_bytes(peak) << " per rank fits the "
-              << format_bytes(memory.bytes) << " this rank can have (" << memory.source
-              << (memory.sharing_ranks > 1
-                      ? ", split among the " + std::to_string(memory.sharing_ranks) +
-                            " ranks that share it"
-                      : "")
-              << ")\n";
+    std::cout << "# this machine: the step peak " << format_bytes(planned_step_peak(stages))
+              << " per rank fits " << rank_memory_text(memory) << "\n";
   } else if (memory_limit_bytes(config) > 0) {
     std::cout << "# this machine: memory.limit_gib is set, so the run is held to it, not to this "
                  "machine's memory, which it would not fit (a warning at its start): "
