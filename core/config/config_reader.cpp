@@ -336,6 +336,16 @@ std::string convert(const YAML::Node& node, std::string& out) {
   }
   if (node.IsScalar()) {
     out = node.Scalar();
+    // YAML text may not hold the noncharacters U+FFFE and U+FFFF (YAML 1.2, 5.1), and the
+    // resolved config's printer would write them as U+FFFD: --dry-run's output would read
+    // back as another config (docs/configuration.md#validation-and-error-messages).
+    const std::pair<const char*, const char*> noncharacters[] = {{"\xef\xbf\xbe", "U+FFFE"},
+                                                                 {"\xef\xbf\xbf", "U+FFFF"}};
+    for (const auto& [utf8, name] : noncharacters) {
+      if (out.find(utf8) != std::string::npos)
+        return std::string("the string holds ") + name +
+               ", a noncharacter YAML text may not contain";
+    }
     return "";
   }
   return "expected a string, got " + describe_node(node);
