@@ -139,6 +139,20 @@ TEST(Cli, TrainsAndWritesOneMetricsLinePerStep) {
   EXPECT_EQ(evals, 2);
 }
 
+// log.metrics_file and log.trace_file may name folders that do not exist yet, as
+// train.checkpoint.dir may: the run creates them (docs/configuration.md#log).
+TEST(Cli, CreatesTheFoldersOfItsLogFiles) {
+  TempDir dir;
+  const std::string metrics = dir.file("runs/a/metrics.jsonl");
+  const std::string trace = dir.file("runs/b/traces/trace.json");
+  testing::write_text_file(dir.file("c.yaml"), tiny_yaml("log: {metrics_file: " + metrics +
+                                                         ", trace_file: " + trace + "}\n"));
+  auto result = run_command(kTrain + " --config " + dir.file("c.yaml"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(testing::read_metrics_lines(metrics).size(), 4u);
+  EXPECT_TRUE(nlohmann::json::parse(testing::read_text_file(trace)).contains("traceEvents"));
+}
+
 TEST(Cli, MemoryLimitFailsWithTheHeldBytesByCategory) {
   TempDir dir;
   testing::write_text_file(dir.file("c.yaml"), tiny_yaml("memory: {limit_gib: 0.0005}\n"));

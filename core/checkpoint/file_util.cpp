@@ -32,6 +32,11 @@ std::string system_error(const std::string& what, const std::string& path) {
   return what + " '" + path + "': " + std::strerror(errno);
 }
 
+std::filesystem::path folder_of(const std::string& path) {
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  return folder.empty() ? "." : folder;
+}
+
 }  // namespace
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
@@ -106,15 +111,35 @@ void fsync_directory(const std::string& path) {
 }
 
 std::string output_file_problem(const std::string& path) {
+  namespace fs = std::filesystem;
   std::error_code error;
-  if (std::filesystem::is_directory(path, error)) return "'" + path + "' is a folder, not a file";
-  std::string folder = std::filesystem::path(path).parent_path().string();
-  if (folder.empty()) folder = ".";
-  if (const std::string problem = input_folder_problem(folder); !problem.empty())
-    return "its folder " + problem;
-  if (::access(folder.c_str(), W_OK) != 0)
-    return "its folder '" + folder + "' cannot be written: " + std::strerror(errno);
+  if (fs::is_directory(path, error)) return "'" + path + "' is a folder, not a file";
+  const fs::path folder = folder_of(path);
+  // The writer creates the missing folders (create_parent_folders), in the nearest one that
+  // exists; a part of the path that is a file reads as missing here and is named below.
+  fs::path existing = folder;
+  while (fs::status(existing, error).type() == fs::file_type::not_found) {
+    const fs::path parent = existing.has_parent_path() ? existing.parent_path() : ".";
+    if (parent == existing) break;
+    existing = parent;
+  }
+  const std::string creating =
+      existing == folder ? "" : "'" + folder.string() + "' cannot be created: ";
+  if (const std::string problem = input_folder_problem(existing); !problem.empty())
+    return "its folder " + creating + problem;
+  if (::access(existing.c_str(), W_OK) != 0)
+    return "its folder " + creating + "'" + existing.string() +
+           "' cannot be written: " + std::strerror(errno);
   return "";
+}
+
+void create_parent_folders(const std::string& path) {
+  const std::filesystem::path folder = folder_of(path);
+  std::error_code error;
+  std::filesystem::create_directories(folder, error);
+  if (error)
+    throw std::runtime_error("cannot create the folder '" + folder.string() + "' for '" + path +
+                             "': " + error.message());
 }
 
 void rename_or_throw(const std::string& from, const std::string& to) {

@@ -24,9 +24,12 @@ void replace_file_durably(const std::string& path, const std::string& text);
 std::string read_whole_file(const std::string& path);
 // fsync of a directory, so renames inside it are on disk.
 void fsync_directory(const std::string& path);
-// Why no file can be written at path (it is a folder, or its folder does not exist or cannot
-// be written), or "" when one can: for outputs checked when a run starts and written later.
+// Why no file can be written at path (it is a folder, or its folder cannot be written or, where
+// it is missing, created), or "" when one can: for outputs checked when a run starts and
+// written later, after create_parent_folders.
 std::string output_file_problem(const std::string& path);
+// Creates the missing folders above path (as mkdir -p); throws naming the folder.
+void create_parent_folders(const std::string& path);
 // rename(2) that throws with both names on failure.
 void rename_or_throw(const std::string& from, const std::string& to);
 

@@ -123,6 +123,7 @@ void write_llmc(const std::string& path, const ModelConfig& model, const ParamTa
   header[6] = model.d_model;
   header[7] = int32_t(padded_vocab);
 
+  create_parent_folders(path);
   TempFileGuard temp{nullptr, path + ".tmp"};
   temp.file = std::fopen(temp.path.c_str(), "wb");
   if (!temp.file) fail("cannot create " + in_quotes(temp.path) + ": " + std::strerror(errno));

@@ -66,6 +66,7 @@ void keep_lines_through_step(const std::string& path, int64_t last_step) {
 MetricsWriter::MetricsWriter(const std::string& path, std::optional<int64_t> resumed_step)
     : path_(path) {
   if (path.empty()) return;
+  create_parent_folders(path);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0)
     throw std::runtime_error("cannot open log.metrics_file '" + path +

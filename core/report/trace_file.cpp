@@ -75,6 +75,7 @@ void write_trace_file(Comm& world, const std::vector<TraceSpan>& spans, const st
     text += (rank > 0 ? ",\n" : "") + per_rank[rank];
   text += "\n]}\n";
   try {
+    create_parent_folders(path);
     replace_file_durably(path, text);
   } catch (const std::exception& problem) {
     throw std::runtime_error("writing log.trace_file '" + path + "' failed: " + problem.what());
