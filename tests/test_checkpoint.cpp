@@ -443,6 +443,38 @@ TEST_F(CheckpointData, AResumeUnderACurriculumWithTheSameDataSaysNothing) {
   EXPECT_EQ(resumed.output.find("the data differs"), std::string::npos) << resumed.output;
 }
 
+// The checkpoint records the keys its learning rates were a function of; a resume that extends
+// the run (or changes lr) says what the rate becomes, and one whose rates stay the same says
+// nothing (docs/checkpoints.md#resuming).
+TEST_F(CheckpointData, AResumeWithAnotherScheduleSaysWhatTheLearningRateBecomes) {
+  const std::string train = kTrain + " --config " + dir_.file("c.yaml");
+  ASSERT_EQ(run_command(train).exit_code, 0);
+  auto extended = run_command(train + " --resume auto --set train.steps=6");
+  ASSERT_EQ(extended.exit_code, 0) << extended.output;
+  // warmup 2, lr 3e-3, min_lr 0, cosine: over 6 steps step 4 is a third of the way through the
+  // decay, 3e-3 * (1 + cos(pi / 3)) / 2; over 3 steps the decay is a single step, held at lr.
+  EXPECT_MENTIONS(extended.output,
+                  "the learning-rate schedule differs from the run that wrote the checkpoint: "
+                  "train.steps '6' (was '3'). From step 4 on the learning rate follows this "
+                  "run's schedule: 2.25e-03 at step 4, where the original schedule gives "
+                  "3.00e-03");
+  const auto lines = testing::read_metrics_lines(dir_.file("m.jsonl"));
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_NEAR(lines[3]["lr"].get<double>(), 2.25e-3, 1e-12);
+
+  // A constant rate is no function of train.steps: extending such a run changes no rate.
+  fs::remove_all(dir_.file("ckpt"));
+  const std::string constant = train + " --set train.schedule=constant";
+  ASSERT_EQ(run_command(constant).exit_code, 0);
+  auto same = run_command(constant + " --resume auto --set train.steps=6");
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_MENTIONS(same.output, "resumed from");
+  EXPECT_EQ(same.output.find("learning-rate schedule"), std::string::npos) << same.output;
+  auto lower = run_command(constant + " --resume auto --set train.steps=8 --set train.lr=1e-3");
+  ASSERT_EQ(lower.exit_code, 0) << lower.output;
+  EXPECT_MENTIONS(lower.output, "train.lr '0.001' (was '0.003'). From step 7 on");
+}
+
 TEST(CheckpointDir, UncreatableFolderIsRefusedBeforeTheFirstStep) {
   TempDir dir;
   testing::write_text_file(dir.file("a-file"), "not a folder");

@@ -112,6 +112,23 @@ TEST(TrainerStateFormat, TheDataRecordIsOptionalRoundTripsAndIsChecked) {
   EXPECT_MENTIONS(state_error(bad), "\"data\" is \"text\", not an object");
 }
 
+// What the learning rate was a function of: absent in checkpoints of earlier builds, read back
+// as written, and checked like every other field.
+TEST(TrainerStateFormat, TheScheduleRecordIsOptionalRoundTripsAndIsChecked) {
+  const TrainerState older = parse_trainer_state(valid_state().dump(), "t.json");
+  EXPECT_TRUE(older.lr_schedule_keys.empty());
+  EXPECT_EQ(trainer_state_json(older).find("\"lr_schedule\""), std::string::npos);
+  TrainerState state = older;
+  state.lr_schedule_keys = {{"train.lr", "0.003"}, {"train.steps", "100"}};
+  EXPECT_EQ(parse_trainer_state(trainer_state_json(state), "t.json").lr_schedule_keys,
+            state.lr_schedule_keys);
+  json bad = valid_state();
+  bad["lr_schedule"] = {{"train.steps", 100}};
+  EXPECT_MENTIONS(state_error(bad), "\"lr_schedule\".\"train.steps\" is 100, not a string");
+  bad["lr_schedule"] = json::array();
+  EXPECT_MENTIONS(state_error(bad), "\"lr_schedule\" is [], not an object");
+}
+
 TEST(TrainerStateFormat, OlderCheckpointsGiveTheirBatchFromTheRunningTotal) {
   json state = valid_state();
   state.erase("sequences_per_step");

@@ -226,6 +226,7 @@ void Checkpointer::write_state_and_manifest(const std::string& temp_path,
   state.data_keys = data_order_keys(config_);
   state.data_seq_len = progress.seq_len;
   state.train_sequences = progress.train_sequences;
+  state.lr_schedule_keys = lr_schedule_keys(config_);
   write_file_durably(temp_path + "/" + kCheckpointStateFile, trainer_state_json(state));
 
   CheckpointManifest manifest;

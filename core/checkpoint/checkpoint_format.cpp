@@ -81,6 +81,19 @@ std::string plain_file_name(const json& value, const std::string& what, const st
   return name;
 }
 
+// An object of strings, as where names the field in messages.
+std::map<std::string, std::string> string_map(const json& object, const std::string& where,
+                                              const std::string& path) {
+  if (!object.is_object()) fail(path, where + " is " + object.dump() + ", not an object");
+  std::map<std::string, std::string> strings;
+  for (const auto& [key, value] : object.items()) {
+    if (!value.is_string())
+      fail(path, where + ".\"" + key + "\" is " + value.dump() + ", not a string");
+    strings[key] = value.get<std::string>();
+  }
+  return strings;
+}
+
 json model_json(const CheckpointModel& recorded) {
   const ModelConfig& m = recorded.model;
   json object = {{"family", name_of(m.family)}, {"n_layers", m.n_layers},
@@ -241,16 +254,12 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& pat
   if (object.contains("data")) {
     const json& data = object["data"];
     if (!data.is_object()) fail(path, "\"data\" is " + data.dump() + ", not an object");
-    const json& keys = field(data, "keys", path);
-    if (!keys.is_object()) fail(path, "\"data\".\"keys\" is " + keys.dump() + ", not an object");
-    for (const auto& [key, value] : keys.items()) {
-      if (!value.is_string())
-        fail(path, "\"data\".\"keys\".\"" + key + "\" is " + value.dump() + ", not a string");
-      state.data_keys[key] = value.get<std::string>();
-    }
+    state.data_keys = string_map(field(data, "keys", path), "\"data\".\"keys\"", path);
     state.data_seq_len = integer_field(data, "seq_len", path, 1);
     state.train_sequences = integer_field(data, "train_sequences", path, 1);
   }
+  if (object.contains("lr_schedule"))
+    state.lr_schedule_keys = string_map(object["lr_schedule"], "\"lr_schedule\"", path);
   return state;
 }
 
@@ -280,6 +289,7 @@ std::string trainer_state_json(const TrainerState& state) {
     object["data"] = {{"keys", state.data_keys},
                       {"seq_len", state.data_seq_len},
                       {"train_sequences", state.train_sequences}};
+  if (!state.lr_schedule_keys.empty()) object["lr_schedule"] = state.lr_schedule_keys;
   return object.dump(2) + "\n";
 }
 

@@ -94,6 +94,9 @@ struct TrainerState {
   std::map<std::string, std::string> data_keys;
   int64_t data_seq_len = 0;
   int64_t train_sequences = 0;
+  // What the learning rate of every step was a function of (lr_schedule_keys); empty in
+  // checkpoints of earlier builds.
+  std::map<std::string, std::string> lr_schedule_keys;
 };
 
 // Parse and check every field; throw CheckpointError naming path and the field.

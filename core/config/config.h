@@ -279,5 +279,9 @@ std::vector<std::string> config_key_values(const Config& config);
 // kind of source (synthetic, or files), train.seed, train.seq_len and train.seq_len_schedule
 // (recorded in checkpoints; docs/checkpoints.md#resuming).
 std::map<std::string, std::string> data_order_keys(const Config& config);
+// The resolved keys the learning rate of every step is a function of: train.lr,
+// train.warmup_steps, train.schedule and, for a decaying schedule, train.steps and train.min_lr
+// (recorded in checkpoints; docs/checkpoints.md#resuming).
+std::map<std::string, std::string> lr_schedule_keys(const Config& config);
 
 }  // namespace ulysses

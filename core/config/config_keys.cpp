@@ -382,6 +382,17 @@ std::map<std::string, std::string> data_order_keys(const Config& config) {
   return keys;
 }
 
+std::map<std::string, std::string> lr_schedule_keys(const Config& config) {
+  std::set<std::string> schedule_keys = {"train.lr", "train.warmup_steps", "train.schedule"};
+  if (config.train.schedule != LrSchedule::constant)
+    schedule_keys.insert({"train.steps", "train.min_lr"});
+  Config copy = config;
+  std::map<std::string, std::string> keys;
+  for (const Field& field : fields())
+    if (schedule_keys.count(field.key)) keys[field.key] = scalar_text(copy, field);
+  return keys;
+}
+
 std::string config_reference_markdown() {
   Config defaults;
   std::string text, section = "-";
