@@ -4,6 +4,7 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -128,6 +129,21 @@ std::string integer_problem(const YAML::Node& node, const std::string& expected)
              " allowed is " +
              std::to_string(negative ? std::numeric_limits<T>::min()
                                      : std::numeric_limits<T>::max());
+    // plan and the sweep read 32k as 32 x 1024; a config holds the number itself, since
+    // "10k steps" means 10000 as often as 10240.
+    const size_t digit_count = digits.find_first_not_of("0123456789");
+    if (!negative && digit_count > 0 && digit_count != std::string::npos &&
+        digit_count + 1 == digits.size() && digit_count <= 9) {
+      const char suffix = char(std::tolower(digits.back()));
+      const int64_t count = std::stoll(digits.substr(0, digit_count));
+      if (suffix == 'k' || suffix == 'm') {
+        const int64_t decimal = suffix == 'k' ? 1000 : 1000 * 1000;
+        const int64_t binary = suffix == 'k' ? 1024 : 1024 * 1024;
+        return expected + ", got '" + node.Scalar() +
+               "'; a config takes the number itself: " + std::to_string(count * binary) +
+               " (as plan reads '" + node.Scalar() + "') or " + std::to_string(count * decimal);
+      }
+    }
   }
   return expected + ", got " + describe_node(node);
 }
