@@ -496,7 +496,8 @@ TEST(ValidateForWorld, SpMustDivideTheWorld) {
       "parallel:\n  sp: 3\nmodel:\n  n_heads: 6\n  d_model: 48\n"
       "train:\n  seq_len: 96\n");
   EXPECT_EQ(world_error(config, 4),
-            "parallel.sp=3 does not divide the 4 ranks of the job; sp can be 1, 2 or 4");
+            "parallel.sp=3 does not divide the 4 ranks of the job; sp can be 1, 2 or 4 "
+            "(--set parallel.sp=...), or start a multiple of 3 ranks (mpirun -np 3)");
   EXPECT_NO_THROW(validate_for_world(config, 6));
 }
 

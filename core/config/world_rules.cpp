@@ -32,7 +32,9 @@ void validate_for_world(const Config& config, int world_size) {
   if (world_size % sp != 0) {
     throw ConfigError("parallel.sp=" + std::to_string(sp) + " does not divide the " +
                       std::to_string(world_size) + " ranks of the job; sp can be " +
-                      join_choices(divisors_of(world_size)));
+                      join_choices(divisors_of(world_size)) +
+                      " (--set parallel.sp=...), or start a multiple of " + std::to_string(sp) +
+                      " ranks (mpirun -np " + std::to_string(sp) + ")");
   }
   const int ring = config.parallel.ring;
   if (sp % ring != 0)
