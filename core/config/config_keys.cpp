@@ -281,12 +281,13 @@ const std::vector<Field>& fields() {
        {},
        "path",
        "JSON-lines metrics file, one run's at a time (a second run naming it while the first "
-       "writes exits 2); empty = none"},
+       "writes exits 2); missing folders are created; empty = none"},
       {ULYSSES_KEY(log.trace_file),
        {},
        "path",
        "Chrome trace-event JSON (Perfetto, chrome://tracing) of every phase on every rank for "
-       "the first `trace_steps` steps; `scripts/plot-trace.py` draws it (docs/profiling.md)"},
+       "the first `trace_steps` steps (missing folders are created); `scripts/plot-trace.py` "
+       "draws it (docs/profiling.md)"},
       {ULYSSES_KEY(log.trace_steps), at_least(1), "", "steps the trace covers"},
       {ULYSSES_KEY(log.verdict_every), at_least(0), "",
        "steps between verdicts on what bounds the run (communication, launches, compute, "
