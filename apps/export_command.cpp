@@ -6,6 +6,7 @@
 #include <string>
 
 #include "apps/common_options.h"
+#include "core/config/config.h"
 #include "core/jobs/export_job.h"
 #include "core/jobs/job_errors.h"
 #include "core/report/log_setup.h"
@@ -24,12 +25,17 @@ int run_export_command(int argc, char** argv) {
       "runtime failure, 2 bad arguments or a checkpoint that cannot be read or does not fit the "
       "format.",
       "ulysses-train export"};
-  app.add_option(
-         "--checkpoint", options.checkpoint,
-         "a checkpoint step folder (step_XXXXXXXX), or a checkpoint dir (train.checkpoint.dir)"
-         " whose newest intact checkpoint is exported")
-      ->required()
-      ->check(existing_folder());
+  CLI::Option* checkpoint =
+      app.add_option("--checkpoint", options.checkpoint,
+                     "a checkpoint step folder (step_XXXXXXXX), or a checkpoint dir "
+                     "(train.checkpoint.dir) whose newest intact checkpoint is exported")
+          ->check(existing_folder());
+  std::string config_path;
+  app.add_option("--config,-c", config_path,
+                 "instead of --checkpoint: the run's YAML config, whose train.checkpoint.dir "
+                 "holds the checkpoint to export (its newest intact one)")
+      ->check(CLI::ExistingFile)
+      ->excludes(checkpoint);
   app.add_option("--format", options.format,
                  "hf-llama (llama checkpoints) or llmc (gpt2 checkpoints)")
       ->required()
@@ -47,6 +53,23 @@ int run_export_command(int argc, char** argv) {
   }
 
   setup_logging(parse_log_color(color));
+  if (!config_path.empty()) {
+    try {
+      options.checkpoint = load_config(config_path, {}).train.checkpoint.dir;
+      options.checkpoint_source = "train.checkpoint.dir of " + config_path;
+    } catch (const ConfigError& error) {
+      spdlog::error("export: {}", error.what());
+      return int(ExitCode::bad_input);
+    }
+    if (options.checkpoint.empty()) {
+      spdlog::error("export: {} sets no train.checkpoint.dir; give --checkpoint", config_path);
+      return int(ExitCode::bad_input);
+    }
+  } else if (options.checkpoint.empty()) {
+    spdlog::error(
+        "export: give --checkpoint, or --config whose train.checkpoint.dir holds the run");
+    return int(ExitCode::bad_input);
+  }
   if (const std::string problem = export_out_problem(options); !problem.empty()) {
     spdlog::error("export: {}", problem);
     return int(ExitCode::bad_input);

@@ -236,6 +236,36 @@ TEST_P(RoundTrip, CheckpointOfAnotherShapeIsRefusedAsInitFrom) {
   EXPECT_MENTIONS(other.output, "model.d_ff is 96");
 }
 
+// export -c takes the run's config and exports the newest checkpoint of its
+// train.checkpoint.dir: the same file as --checkpoint with that dir.
+TEST_P(RoundTrip, ExportOfTheConfigsRunIsTheNewestCheckpointOfItsDir) {
+  const std::string format = family_ == "llama" ? "hf-llama" : "llmc";
+  const std::string by_config = dir_.file(family_ == "llama" ? "hf-config" : "config.bin");
+  const std::string by_dir = dir_.file(family_ == "llama" ? "hf-dir" : "dir.bin");
+  auto from_config = run_command(kTrain + " export -c " + dir_.file("run.yaml") + " --format " +
+                                 format + " --out " + by_config);
+  ASSERT_EQ(from_config.exit_code, 0) << from_config.output;
+  EXPECT_MENTIONS(from_config.output, "exported " + checkpoint_);
+  ASSERT_EQ(run_command(kTrain + " export --checkpoint " + dir_.file("ckpt") + " --format " +
+                        format + " --out " + by_dir)
+                .exit_code,
+            0);
+  const std::string file = family_ == "llama" ? "/model.safetensors" : "";
+  EXPECT_EQ(testing::read_text_file(by_config + file), testing::read_text_file(by_dir + file));
+
+  testing::write_text_file(dir_.file("no-dir.yaml"), "model: {n_layers: 1}\n");
+  auto no_dir = run_command(kTrain + " export -c " + dir_.file("no-dir.yaml") + " --format " +
+                            format + " --out " + dir_.file("x"));
+  EXPECT_EQ(no_dir.exit_code, 2) << no_dir.output;
+  EXPECT_MENTIONS(no_dir.output, "no-dir.yaml sets no train.checkpoint.dir; give --checkpoint");
+  fs::remove_all(dir_.file("ckpt"));
+  auto gone = run_command(kTrain + " export -c " + dir_.file("run.yaml") + " --format " + format +
+                          " --out " + dir_.file("y"));
+  EXPECT_EQ(gone.exit_code, 2) << gone.output;
+  EXPECT_MENTIONS(gone.output, "train.checkpoint.dir of " + dir_.file("run.yaml") + ": '" +
+                                   dir_.file("ckpt") + "' does not exist");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, RoundTrip, ::testing::Values("llama", "gpt2"));
 
 // ---- the export command's arguments ------------------------------------------------------
@@ -243,7 +273,7 @@ INSTANTIATE_TEST_SUITE_P(Families, RoundTrip, ::testing::Values("llama", "gpt2")
 TEST(ExportCommand, HelpDescribesEveryOption) {
   auto help = run_command(kTrain + " export --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
-  for (const char* word : {"--checkpoint", "--format", "--out", "hf-llama", "llmc"})
+  for (const char* word : {"--checkpoint", "--config", "--format", "--out", "hf-llama", "llmc"})
     EXPECT_MENTIONS(help.output, word);
 }
 
@@ -251,6 +281,13 @@ TEST(ExportCommand, BadArgumentsAndUnreadableCheckpointsExitTwo) {
   TempDir dir;
   const std::string ok = " --checkpoint " + dir.path() + " --out " + dir.file("x");
   EXPECT_EQ(run_command(kTrain + " export" + ok).exit_code, 2);  // no --format
+  auto no_weights = run_command(kTrain + " export --format llmc --out " + dir.file("x"));
+  EXPECT_EQ(no_weights.exit_code, 2) << no_weights.output;
+  EXPECT_MENTIONS(no_weights.output, "give --checkpoint, or --config");
+  testing::write_text_file(dir.file("c.yaml"), "");
+  auto both = run_command(kTrain + " export --format llmc -c " + dir.file("c.yaml") + ok);
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_MENTIONS(both.output, "--checkpoint excludes --config");
   EXPECT_EQ(run_command(kTrain + " export --format onnx" + ok).exit_code, 2);
   EXPECT_EQ(run_command(kTrain + " export --format llmc --checkpoint " + dir.path()).exit_code, 2);
   EXPECT_EQ(run_command(kTrain + " export --format llmc --out x --checkpoint " + dir.file("none"))

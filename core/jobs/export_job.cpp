@@ -51,7 +51,7 @@ std::string export_out_problem(const ExportOptions& options) {
 }
 
 void export_checkpoint(const ExportOptions& options) {
-  const std::string folder = require_checkpoint_in(options.checkpoint, "--checkpoint");
+  const std::string folder = require_checkpoint_in(options.checkpoint, options.checkpoint_source);
   verify_checkpoint(folder);
   const CheckpointModel recorded = read_checkpoint_model(folder);
   const ParamTable table(recorded.model);

@@ -10,10 +10,12 @@ struct ExportOptions {
   std::string checkpoint;  // a step folder, or a checkpoint dir (its newest intact checkpoint)
   std::string format;      // hf-llama | llmc
   std::string out;         // hf-llama: a folder; llmc: a .bin file
+  // Where checkpoint came from, for messages: the option, or the config key and its file.
+  std::string checkpoint_source = "--checkpoint";
 };
 
 // Why --out cannot take the export (a folder where llmc's file goes, a file where hf-llama's
-// folder goes, a parent folder that does not exist), or "": checked before the checkpoint is
+// folder goes, a parent folder that cannot be created), or "": checked before the checkpoint is
 // read.
 std::string export_out_problem(const ExportOptions& options);
 
