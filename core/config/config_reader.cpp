@@ -215,10 +215,9 @@ void ConfigReader::read_file_tree(const std::string& yaml_text) {
 void ConfigReader::apply_override(const std::string& override_text) {
   std::string where = "override '" + override_text + "'";
   size_t equals = override_text.find('=');
-  if (equals == std::string::npos) {
+  std::string key = trim(override_text.substr(0, std::min(equals, override_text.size())));
+  if (equals == std::string::npos || key.empty())
     throw ConfigError(where + ": expected key=value, e.g. train.lr=1e-3");
-  }
-  std::string key = trim(override_text.substr(0, equals));
   if (!is_key(key)) {
     if (is_section(key)) {
       throw ConfigError(where + ": '" + key + "' is a section; set one of its keys, e.g. " +
