@@ -14,19 +14,19 @@ namespace ulysses::testing {
 // gpt2 cannot change the softmax) would be amplified into a ±lr step that differs between
 // any two summation orders. eps = 1e-6 keeps such directions at round-off level while
 // real gradients (>= 1e-4 here) are still normalised as usual.
+std::string tiny_training_config_yaml() {
+  return "model: {family: llama, n_layers: 2, d_model: 32, n_heads: 4, d_ff: 48}\n"
+         "train: {steps: 3, batch_size: 1, seq_len: 64, lr: 1.0e-2, warmup_steps: 1, "
+         "weight_decay: 0.1, grad_accum: 2, eps: 1.0e-6, seed: 9}\n"
+         "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n";
+}
+
 Config tiny_training_config(const std::string& family, int kv_heads, int sp, int batch_size) {
-  std::string kv = family == "llama" ? ", n_kv_heads: " + std::to_string(kv_heads) : "";
-  return parse_config(
-      "model: {family: " + family + ", n_layers: 2, d_model: 32, n_heads: 4" + kv +
-          ", d_ff: 48}\n"
-          "train: {steps: 3, batch_size: " +
-          std::to_string(batch_size) +
-          ", seq_len: 64, lr: 1.0e-2, warmup_steps: 1, weight_decay: 0.1, grad_accum: 2, "
-          "eps: 1.0e-6, seed: 9}\n"
-          "data: {source: synthetic, n_pairs: 2, n_queries: 2, n_keys: 8, n_values: 8}\n"
-          "parallel: {sp: " +
-          std::to_string(sp) + "}\n",
-      {}, "equivalence.yaml");
+  std::vector<std::string> overrides = {"model.family=" + family,
+                                        "parallel.sp=" + std::to_string(sp),
+                                        "train.batch_size=" + std::to_string(batch_size)};
+  if (family == "llama") overrides.push_back("model.n_kv_heads=" + std::to_string(kv_heads));
+  return parse_config(tiny_training_config_yaml(), overrides, "equivalence.yaml");
 }
 
 CpuGemm test_gemm() {

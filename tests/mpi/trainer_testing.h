@@ -16,6 +16,8 @@ namespace ulysses::testing {
 
 // Two layers, d_model 32, 4 heads, seq_len 64, grad_accum 2. kv_heads is llama's only.
 Config tiny_training_config(const std::string& family, int kv_heads, int sp, int batch_size);
+// Its YAML (llama, 4 kv heads, sp 1, batch 1), for tests that change it with --set overrides.
+std::string tiny_training_config_yaml();
 
 struct TrainingOutcome {
   std::vector<std::string> names;    // parameter name of every element
