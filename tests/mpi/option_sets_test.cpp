@@ -4,7 +4,9 @@
 // packed documents, a length the sp group pads), each trained for 3 AdamW steps against one
 // rank on the same global batch, within the bounds of tests/mpi/training_bounds.h. Each option
 // has tests of its own; these find what two of them break together (docs/design.md,
-// "Correctness evidence").
+// "Correctness evidence"). Caught so far: ring attention skipping a block whose last key
+// starts its queries' document (packed documents at a padded length; ring_test.cpp has that
+// case now).
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -149,6 +149,17 @@ TEST_F(Ring, PackedDocumentsAndPaddingMatchOneRank) {
       }
     }
   }
+  // Two documents in 62 tokens (64 held, 16-token chunks at ring 2): the second starts at 31,
+  // the last key of chunk 1, so the block of chunk 1's keys for chunk 2's queries holds one
+  // key of their document and may not be skipped.
+  for (const char* family : {"llama", "gpt2"}) {
+    Config config = tiny_training_config(family, 2, 4, 1);
+    config.data.documents = DataDocuments::eos;
+    config.data.documents_per_sequence = 2;
+    config.train.seq_len = 62;
+    expect_matches_one_rank(with_ring(config, 2), world(),
+                            std::string(family) + " a document starting on a chunk's last key");
+  }
   // The documents through UPipe head stages, overlap and layer checkpointing (each stage's
   // attention is ring attention with the same starts).
   Config config = tiny_training_config("llama", 2, 4, 1);
