@@ -1,15 +1,16 @@
 // Options together, as users combine them: seeded draws of the options that change how a step
 // is computed (sp, ring, ZeRO stage, bucket size, head chunks, overlap, layer checkpointing,
 // tiled MLP, loss tile) over model and data shapes (llama with 1, 2 or 4 kv heads, gpt2,
-// packed documents, a length the sp group pads), each trained for 3 AdamW steps against one
-// rank on the same global batch, within the bounds of tests/mpi/training_bounds.h. Each option
-// has tests of its own; these find what two of them break together (docs/design.md,
-// "Correctness evidence"). Caught so far: ring attention skipping a block whose last key
-// starts its queries' document (packed documents at a padded length; ring_test.cpp has that
-// case now).
+// packed documents, lengths the sp group pads, gradient accumulation, a clip that bites), each
+// trained for 3 AdamW steps against one rank on the same global batch, within the bounds of
+// tests/mpi/training_bounds.h. Each option has tests of its own; these find what two of them break
+// together (docs/design.md, "Correctness evidence"). Caught so far: ring attention skipping a block
+// whose last key starts its queries' document (packed documents at a padded length; ring_test.cpp
+// has that case now).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,10 +26,18 @@ namespace {
 
 using testing::MpiTest;
 
-// How many option sets each world size trains; the draws are the same on every machine
-// (std::mt19937 is specified bit for bit; choose() avoids the library's distributions).
-constexpr int kOptionSets = 16;
-constexpr uint32_t kSeed = 20261207;
+// How many option sets each world size trains, and the seed of the draws; the draws are the
+// same on every machine (std::mt19937 is specified bit for bit; choose() avoids the library's
+// distributions). ULYSSES_OPTION_SETS=N and ULYSSES_OPTION_SETS_SEED=S draw others, to search
+// wider than CI does: mpirun -np 4 build/tests/mpi/option_sets_test with both set.
+int option_sets() {
+  const char* count = std::getenv("ULYSSES_OPTION_SETS");
+  return count ? std::stoi(count) : 16;
+}
+uint32_t option_sets_seed() {
+  const char* seed = std::getenv("ULYSSES_OPTION_SETS_SEED");
+  return seed ? uint32_t(std::stoul(seed)) : 20261207u;
+}
 
 std::string choose(std::mt19937& draw, const std::vector<std::string>& values) {
   return values[draw() % values.size()];
@@ -49,9 +58,13 @@ OptionSet draw_option_set(std::mt19937& draw, int world_size) {
   OptionSet set;
   const std::string family = choose(draw, {"llama", "gpt2"});
   const std::string kv_heads = family == "gpt2" ? "4" : choose(draw, {"1", "2", "4"});
-  set.shape = {"model.family=" + family, "model.n_kv_heads=" + kv_heads,
-               "train.seq_len=" + choose(draw, {"64", "62"}),
-               "data.documents=" + choose(draw, {"none", "eos"}), "data.documents_per_sequence=2"};
+  set.shape = {"model.family=" + family,
+               "model.n_kv_heads=" + kv_heads,
+               "train.seq_len=" + choose(draw, {"64", "62", "60"}),
+               "train.grad_accum=" + choose(draw, {"1", "2"}),
+               "train.grad_clip=" + choose(draw, {"1", "0.05"}),
+               "data.documents=" + choose(draw, {"none", "eos"}),
+               "data.documents_per_sequence=" + choose(draw, {"2", "3"})};
   std::vector<std::string> sps;
   for (int sp = 1; sp <= world_size; ++sp)
     if (world_size % sp == 0) sps.push_back(std::to_string(sp));
@@ -77,10 +90,11 @@ class OptionSets : public MpiTest {};
 
 TEST_F(OptionSets, SeededDrawsTrainAsOneRankDoes) {
   const int world_size = world().size();
-  std::mt19937 draw(kSeed + uint32_t(world_size));
+  const int sets = option_sets();
+  std::mt19937 draw(option_sets_seed() + uint32_t(world_size));
   auto local = make_local_comm();
   int trained = 0, refused = 0;
-  while (trained < kOptionSets) {
+  while (trained < sets) {
     const OptionSet set = draw_option_set(draw, world_size);
     std::vector<std::string> all = set.shape;
     all.insert(all.end(), set.options.begin(), set.options.end());
@@ -90,7 +104,7 @@ TEST_F(OptionSets, SeededDrawsTrainAsOneRankDoes) {
       validate_for_world(distributed, world_size);
     } catch (const ConfigError&) {
       ++refused;  // a combination the rules refuse, with a message (tests/test_config.cpp)
-      ASSERT_LT(refused, 100 * kOptionSets) << "the draws find too few valid option sets";
+      ASSERT_LT(refused, 100 * sets) << "the draws find too few valid option sets";
       continue;
     }
     const int dp = world_size / distributed.parallel.sp;
