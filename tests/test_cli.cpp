@@ -129,8 +129,9 @@ TEST(Cli, TrainsAndWritesOneMetricsLinePerStep) {
     }
     ++steps;
     EXPECT_EQ(line["step"].get<int>(), steps);
-    for (const char* key : {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms",
-                            "mem_peak_bytes", "accuracy", "all_to_all_bytes", "grad_comm_bytes"})
+    for (const char* key :
+         {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms", "mem_peak_bytes",
+          "accuracy", "all_to_all_bytes", "grad_comm_bytes", "comm_wait_s"})
       EXPECT_TRUE(line.contains(key)) << key;
     EXPECT_TRUE(line["mem_peak_bytes"].contains("attention"));
     EXPECT_GT(line["mem_peak_bytes"]["params"].get<int64_t>(), 0);

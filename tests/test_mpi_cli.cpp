@@ -129,8 +129,12 @@ TEST(MpiCli, SequenceParallelRunWritesCommunicationMetrics) {
     EXPECT_GT(json["all_to_all_bytes"].get<int64_t>(), 0);
     EXPECT_GT(json["grad_comm_bytes"].get<int64_t>(), 0);
     EXPECT_GE(json["all_to_all_s"].get<double>(), 0.0);
+    // The wait is a part of the step; the collectives' in-flight time need not be.
+    EXPECT_GT(json["comm_wait_s"].get<double>(), 0.0);
+    EXPECT_LE(json["comm_wait_s"].get<double>(), json["step_ms"].get<double>() / 1e3);
   }
   EXPECT_EQ(steps, 3);
+  EXPECT_MENTIONS(result.output, " | comm wait ");
 }
 
 // Replicated and ZeRO-3 state alike (gpt2: the tied embedding is gathered at both ends).

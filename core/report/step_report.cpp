@@ -105,6 +105,13 @@ std::string host_heavy_phases(const std::map<std::string, PhaseTotals>& phases, 
 
 }  // namespace
 
+double waiting_seconds(const ProfileTotals& totals) {
+  double waiting = 0.0;
+  for (const std::string& name : step_phases())
+    if (is_wait(name)) waiting += seconds_of(totals.phases, name);
+  return waiting;
+}
+
 Verdict judge(const ProfileTotals& totals, double step_seconds, int64_t steps,
               const VerdictContext& context) {
   const std::map<std::string, PhaseTotals>& phases = totals.phases;

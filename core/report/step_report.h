@@ -25,6 +25,12 @@ const std::vector<std::string>& step_phases();
 // also gives each phase "busy_s".
 nlohmann::json phases_json(const ProfileTotals& totals);
 
+// Seconds of the step phases spent waiting on other ranks (all-to-all, ring, weight gather and
+// gradient reduction waits, the scalar all-reduce): what communication cost the step. The
+// collectives' in-flight time (CommStats) can pass the step's, since they overlap compute and
+// each other.
+double waiting_seconds(const ProfileTotals& totals);
+
 // What the verdict needs besides the phases.
 struct VerdictContext {
   double bare_all_to_all_gbps = 0.0;  // measured at start-up on the sp group; 0 when sp = 1

@@ -391,7 +391,7 @@ void Trainer::log_step(const StepRecord& record) {
   const StepResult& r = record.result;
   const CommStats& comm = record.comm;
   const ProfileTotals& phases = record.phases;
-  const double comm_seconds = comm.all_to_all_seconds + comm.reduce_seconds + comm.gather_seconds;
+  const double comm_wait_seconds = waiting_seconds(phases);
   stage_seconds_ += r.step_seconds;
   ++stage_steps_;
   const MemoryStats& memory = backend_.memory().stats();
@@ -407,7 +407,8 @@ void Trainer::log_step(const StepRecord& record) {
                            {"all_to_all_bytes", comm.all_to_all_bytes},
                            {"all_to_all_s", comm.all_to_all_seconds},
                            {"grad_comm_bytes", comm.reduce_bytes + comm.gather_bytes},
-                           {"grad_comm_s", comm.reduce_seconds + comm.gather_seconds}};
+                           {"grad_comm_s", comm.reduce_seconds + comm.gather_seconds},
+                           {"comm_wait_s", comm_wait_seconds}};
     if (mesh_.ring) {  // parallel.ring > 1: ring attention's point to point
       line["ring_p2p_bytes"] = comm.p2p_bytes;
       line["ring_p2p_s"] = comm.p2p_seconds;
@@ -432,10 +433,11 @@ void Trainer::log_step(const StepRecord& record) {
   std::string accuracy = r.accuracy >= 0 ? fmt::format(" | acc {:5.1f}%", 100.0 * r.accuracy) : "";
   spdlog::info(
       "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | "
-      "comm {:.0f}% | mem {} | ETA {}",
+      "comm wait {:.0f}% | mem {} | ETA {}",
       r.step, int(std::to_string(config_.train.steps).size()), config_.train.steps, r.loss,
       accuracy, r.lr, r.grad_norm, double(r.tokens) / r.step_seconds, r.step_seconds * 1e3,
-      100.0 * comm_seconds / r.step_seconds, format_bytes(memory.total_peak), format_duration(eta));
+      100.0 * comm_wait_seconds / r.step_seconds, format_bytes(memory.total_peak),
+      format_duration(eta));
 }
 
 bool Trainer::agree_on_stop() const {
