@@ -16,11 +16,14 @@ COLOURS = {"params": "#4e79a7", "grads": "#a0cbe8", "optimizer": "#f28e2b", "act
 DEVICE_CATEGORIES = [c for c in CATEGORIES if c != "checkpoints_host"]
 FIELDS = (["seq_len", "sp", "zero_stage", "checkpointing", "tokens_per_s", "step_s", "comm_share"]
           + [f"peak_{c}_bytes" for c in CATEGORIES]
-          + ["peak_total_bytes", "exit_status", "error", "head_chunks", "tiled_mlp", "offload"])
+          + ["peak_total_bytes", "exit_status", "error", "head_chunks", "tiled_mlp", "offload",
+             "ring"])
 
 
 def option_label(row):
     label = f"zero{row['zero_stage']} {row['checkpointing']}"
+    if int(row.get("ring", 1)) > 1:
+        label += f" ring{row['ring']}"
     if int(row.get("head_chunks", 1)) > 1:
         label += f" U{row['head_chunks']}"
     if row.get("tiled_mlp", "false") != "false":
@@ -32,7 +35,8 @@ def option_label(row):
 
 def typed_row(row):
     """A row as csv reads it (every field a string) with its numbers as numbers."""
-    for key in ["seq_len", "sp", "zero_stage", "exit_status"]:
+    row["ring"] = row.get("ring") or 1  # rows of sweeps from before --ring
+    for key in ["seq_len", "sp", "zero_stage", "exit_status", "ring"]:
         row[key] = int(row[key])
     for key, value in list(row.items()):
         if key.startswith("peak_") or key in ("tokens_per_s", "step_s", "comm_share"):

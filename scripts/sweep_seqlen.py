@@ -2,7 +2,8 @@
 """Sequence-length sweep for ulysses-train: how long a sequence can I train, and how fast?
 
 Runs short trainer runs (under mpirun, world = sp ranks) over sequence lengths x sp degrees x
-ZeRO stages x activation checkpointing x head chunks x tiled MLP x offloaded layer inputs, writes
+ZeRO stages x activation checkpointing x head chunks x tiled MLP x offloaded layer inputs x ring
+degrees, writes
 one CSV row per run (a failed run is a row with its error), draws PNG plots with gnuplot (one
 panel per sp, and per-category bars of each option set's longest run), and with --budget-gib
 finds the longest sequence whose per-rank peak tracked memory fits the budget (doubling, then
@@ -30,7 +31,8 @@ SWEEP_KEYS = {"train.seq_len": "--seq-lens", "model.max_seq_len": "--seq-lens",
               "parallel.sp": "--sp", "parallel.zero_stage": "--zero",
               "memory.activation_checkpointing": "--checkpointing",
               "parallel.head_chunks": "--head-chunks", "memory.tiled_mlp": "--tiled-mlp",
-              "memory.offload_checkpoints": "--offload", "train.steps": "--steps",
+              "memory.offload_checkpoints": "--offload", "parallel.ring": "--ring",
+              "train.steps": "--steps",
               "memory.limit_gib": "--budget-gib", "train.eval_every": None,
               "train.warmup_steps": None, "train.checkpoint.dir": None, "log.metrics_file": None,
               "log.every": None}
@@ -59,7 +61,7 @@ def end_job(job):
 
 
 def run_one(args, seq_len, sp, combo, limit_gib, workdir):
-    zero, checkpointing, head_chunks, tiled_mlp, offload = combo
+    zero, checkpointing, head_chunks, tiled_mlp, offload, ring = combo
     metrics = os.path.join(workdir, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
@@ -70,6 +72,7 @@ def run_one(args, seq_len, sp, combo, limit_gib, workdir):
         "train.checkpoint.dir": "''", "log.metrics_file": metrics, "log.every": 1,
         "memory.limit_gib": limit_gib, "parallel.head_chunks": head_chunks,
         "memory.tiled_mlp": tiled_mlp, "memory.offload_checkpoints": offload,
+        "parallel.ring": ring,
     }
     # check_overrides refuses a --set of these keys: the two lists are one.
     assert set(overrides) == set(SWEEP_KEYS), set(overrides) ^ set(SWEEP_KEYS)
@@ -92,7 +95,7 @@ def run_one(args, seq_len, sp, combo, limit_gib, workdir):
         end_job(job)
         raise
     row = {"seq_len": seq_len, "sp": sp, "zero_stage": zero, "checkpointing": checkpointing,
-           "head_chunks": head_chunks, "tiled_mlp": tiled_mlp, "offload": offload,
+           "head_chunks": head_chunks, "tiled_mlp": tiled_mlp, "offload": offload, "ring": ring,
            "exit_status": status, "error": ""}
     lines = []
     if os.path.exists(metrics):
@@ -162,17 +165,18 @@ def write_longest(path, longest, budget_gib):
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["sp", "zero_stage", "checkpointing", "head_chunks", "tiled_mlp", "offload",
-                         "budget_gib", "tokens_per_s", "ended_by", "longest_seq_len"])
-        for (sp, (zero, ck, u, tiles, offload)), (good, row, ended_by) in longest.items():
+                         "ring", "budget_gib", "tokens_per_s", "ended_by", "longest_seq_len"])
+        for (sp, (zero, ck, u, tiles, offload, ring)), (good, row, ended_by) in longest.items():
             speed = row["tokens_per_s"] if row else ""
-            writer.writerow([sp, zero, ck, u, tiles, offload, budget_gib, speed, ended_by, good])
+            writer.writerow([sp, zero, ck, u, tiles, offload, ring, budget_gib, speed, ended_by,
+                             good])
             found = f"{good or 'none fits'}" + (f" at {speed} tok/s" if row else "")
             if ended_by == "max_seq_len":
                 found += " (every length tried up to --max-seq-len fits)"
             elif ended_by != "budget":
                 found = f"search ended: {ended_by}; longest that fit before it: {good or 'none'}"
             print(f"longest sequence within {budget_gib} GiB per rank: sp {sp} zero {zero} {ck} "
-                  f"U{u} tiles:{tiles} offload:{offload}: {found}")
+                  f"U{u} tiles:{tiles} offload:{offload} ring:{ring}: {found}")
 
 
 def counts(low):
@@ -221,6 +225,9 @@ def main():
                         help="memory.tiled_mlp values, e.g. false,auto")
     parser.add_argument("--offload", default="false",
                         help="memory.offload_checkpoints values (with layer checkpointing only)")
+    parser.add_argument("--ring", type=counts(1), default="1",
+                        help="parallel.ring values (Ulysses x ring; each must divide the sp of the "
+                             "run, whose ranks stay sp), e.g. 1,2")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--budget-gib", type=float, default=0.0,
                         help="find the longest sequence whose per-rank peak fits this budget")
@@ -257,12 +264,18 @@ def main():
     if not os.path.isfile(args.config):
         print(f"sweep: --config {args.config} is not a file", file=sys.stderr)
         return 2
-    options = [(int(zero), ck, int(u), tiles, offload)
+    options = [(int(zero), ck, int(u), tiles, offload, ring)
                for zero in args.zero.split(",") for ck in args.checkpointing.split(",")
                for u in args.head_chunks.split(",") for tiles in args.tiled_mlp.split(",")
-               for offload in args.offload.split(",")
+               for offload in args.offload.split(",") for ring in args.ring
                if offload == "false" or ck == "layer"]  # offloading needs checkpoints
-    combos = [(sp, option) for sp in args.sp for option in options]
+    # A ring degree runs inside an sp group: it must divide sp (ring 1 always does).
+    combos = [(sp, option) for sp in args.sp for option in options if sp % option[5] == 0]
+    for ring in args.ring:
+        if not any(sp % ring == 0 for sp in args.sp):
+            print(f"sweep: --ring {ring} divides none of --sp {','.join(map(str, args.sp))}: a ring "
+                  "runs inside an sp group of a multiple of its degree", file=sys.stderr)
+            return 2
     settings = {"config": os.path.abspath(args.config), "config_sha256": file_sha256(args.config),
                 "steps": args.steps, "set": args.set, "budget_gib": args.budget_gib}
     signal.signal(signal.SIGTERM, raise_stopped)
@@ -282,9 +295,9 @@ def main():
     progress = {"runs": 0, "of": len(combos) * len(args.seq_lens) if args.budget_gib <= 0 else 0}
 
     def measure(seq_len, sp, option, limit_gib, workdir):
-        zero, ck, u, tiles, offload = option
+        zero, ck, u, tiles, offload, ring = option
         key = row_key({"seq_len": seq_len, "sp": sp, "zero_stage": zero, "checkpointing": ck,
-                       "head_chunks": u, "tiled_mlp": tiles, "offload": offload})
+                       "head_chunks": u, "tiled_mlp": tiles, "offload": offload, "ring": ring})
         row = table.done.get(key)
         measured_before = row is not None
         started = time.monotonic()

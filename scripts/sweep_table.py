@@ -33,7 +33,8 @@ def file_sha256(path):
 def row_key(row):
     """What a run measured: its length, sp and option set."""
     return (int(row["seq_len"]), int(row["sp"]), int(row["zero_stage"]), str(row["checkpointing"]),
-            int(row["head_chunks"]), str(row["tiled_mlp"]), str(row["offload"]))
+            int(row["head_chunks"]), str(row["tiled_mlp"]), str(row["offload"]),
+            int(row.get("ring") or 1))
 
 
 def replace_file(path, text):
@@ -118,7 +119,10 @@ class SweepTable:
         with open(self.csv_path, newline="") as f:
             lines = f.read().splitlines(keepends=True)
         header = ",".join(FIELDS)
-        if not lines or lines[0].rstrip("\r\n") != header:
+        # A sweep from before --ring has its header without the last column; its rows are ring 1
+        # and are written back with the whole header.
+        upgraded = bool(lines) and lines[0].rstrip("\r\n") == ",".join(FIELDS[:-1])
+        if not lines or (lines[0].rstrip("\r\n") != header and not upgraded):
             raise SweepRefused(f"{self.csv_path} does not start with the sweep's header ({header})")
         # A sweep killed while writing a row leaves it without its line end.
         torn = not lines[-1].endswith("\n")
@@ -128,8 +132,10 @@ class SweepTable:
             if int(row["exit_status"]) == TIMED_OUT:
                 again += 1
                 continue
+            if upgraded:
+                row["ring"] = 1
             kept.append(row)
-        if torn or again:
+        if torn or again or upgraded:
             text = io.StringIO(newline="")
             writer = csv.DictWriter(text, fieldnames=FIELDS)
             writer.writeheader()

@@ -19,7 +19,10 @@ std::vector<std::string> lines_of(const std::string& path) {
   std::vector<std::string> lines;
   std::stringstream text(testing::read_text_file(path));
   std::string line;
-  while (std::getline(text, line)) lines.push_back(line);
+  while (std::getline(text, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // the CSV's line ends are \r\n
+    lines.push_back(line);
+  }
   return lines;
 }
 
@@ -141,6 +144,37 @@ TEST(Sweep, ContinuesWhereItStopped) {
             std::string::npos)
       << rebuilt.output;
   EXPECT_EQ(lines_of(dir.file("sweep.csv")).size(), 3u) << rebuilt.output;
+}
+
+// --ring sweeps Ulysses x ring inside each sp group (ring 2 only where it divides sp); a sweep
+// from before --ring (no ring column) continues as ring 1 and gains the column.
+TEST(Sweep, RingDegreesAreRowsAndOlderSweepsGainTheColumn) {
+  TempDir dir;
+  const std::string out = " --seq-lens 128 --zero 0 --checkpointing none --out " + dir.path();
+  auto result = run_command(sweep("--sp 1,2 --ring 1,2" + out));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::vector<std::string> rows = lines_of(dir.file("sweep.csv"));
+  ASSERT_EQ(rows.size(), 4u) << result.output;  // sp 1 ring 1, sp 2 ring 1, sp 2 ring 2
+  EXPECT_EQ(field(rows[0], rows[3], "sp") + " " + field(rows[0], rows[3], "ring"), "2 2");
+  EXPECT_EQ(field(rows[0], rows[3], "exit_status"), "0") << rows[3];
+  EXPECT_MENTIONS(result.output, "[3/3] seq      128 sp 2 zero0 none ring2");
+  auto none = run_command(sweep("--sp 1 --ring 2" + out));
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_MENTIONS(none.output, "--ring 2 divides none of --sp 1");
+
+  // The same CSV as a sweep before --ring wrote it: without the last column.
+  std::string older;
+  for (const std::string& row : std::vector<std::string>(rows.begin(), rows.begin() + 3))
+    older += row.substr(0, row.rfind(',')) + "\n";
+  testing::write_text_file(dir.file("sweep.csv"), older);
+  auto continued = run_command(sweep("--sp 1,2 --ring 1,2" + out));
+  ASSERT_EQ(continued.exit_code, 0) << continued.output;
+  EXPECT_MENTIONS(continued.output, "2 run(s) already measured");
+  EXPECT_EQ(count_of(continued.output, "(in sweep.csv already)"), 2) << continued.output;
+  rows = lines_of(dir.file("sweep.csv"));
+  ASSERT_EQ(rows.size(), 4u) << continued.output;
+  EXPECT_EQ(field(rows[0], rows[1], "ring"), "1") << rows[1];
+  EXPECT_EQ(field(rows[0], rows[3], "ring"), "2") << rows[3];
 }
 
 // Rows of other settings would not compare: the folder is refused and left as it was.
