@@ -177,6 +177,26 @@ TEST(Trainer, WithThePortableGemmTheThreadCountChangesNoBit) {
   }
 }
 
+// A mesh made without the config's ring (make_mesh's default) trained plain Ulysses under a
+// config that says ring 2; plan_test's ring points compared the plan with such a run.
+TEST(Trainer, RefusesAMeshMadeForAnotherSpOrRing) {
+  std::unique_ptr<Backend> backend = make_backend(BackendKind::cpu, 0);
+  std::unique_ptr<Comm> world = make_local_comm();
+  Mesh mesh = make_mesh(*world, 1);
+  for (const char* parallel : {"parallel.sp=2", "parallel.ring=2"}) {
+    Config config = tiny_config("llama");
+    config = parse_config(config_to_yaml(config), {parallel}, "test.yaml");
+    try {
+      Trainer trainer(config, *backend, mesh);
+      ADD_FAILURE() << parallel << " on a mesh of sp 1 x ring 1 was accepted";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find("the trainer's mesh is sp 1 x ring 1"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 TEST(Trainer, LayerCheckpointingKeepsOneBlockOfActivations) {
   struct Peaks {
     int64_t activations, attention, checkpoints;

@@ -52,6 +52,15 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
       mesh_(mesh),
       seq_len_stages_(parse_seq_len_schedule(config.train.seq_len_schedule)),
       guard_(config.train, config.model.vocab_size) {
+  // The mesh decides how attention is split, whatever the config says: one made for another
+  // sp or ring would train, or plan, something else than the config names.
+  if (mesh.sp_size != config.parallel.sp || mesh.ring_size != config.parallel.ring)
+    throw std::invalid_argument(
+        "the trainer's mesh is sp " + std::to_string(mesh.sp_size) + " x ring " +
+        std::to_string(mesh.ring_size) + ", its config parallel.sp " +
+        std::to_string(config.parallel.sp) + " and parallel.ring " +
+        std::to_string(config.parallel.ring) +
+        ": make the mesh with make_mesh(world, parallel.sp, parallel.ring)");
   const TrainConfig& train = config.train;
   const Stopwatch clock;
   // A plan is for the last stage of a curriculum, at the full length.

@@ -1,6 +1,6 @@
 // The planner against real runs (docs/memory.md, "The planner"): short cpu training runs
-// under mpirun over a grid of sp, ZeRO stage, layer checkpointing, head chunks, tiled MLP and
-// offload, each compared per category with the plan of the same config. The planner runs the
+// under mpirun over a grid of sp, ZeRO stage, layer checkpointing, head chunks, tiled MLP,
+// offload and ring, each compared per category with the plan of the same config. The planner runs the
 // trainer's own step on a planning backend; a buffer it missed, or one it charged that the
 // run does not allocate, fails here.
 //
@@ -34,13 +34,14 @@ struct GridPoint {
   int head_chunks;
   std::string tiled_mlp;
   bool offload;
+  int ring = 1;  // parallel.ring: K/V blocks in flight, zigzag chunks
 };
 
 std::string describe(const GridPoint& p) {
   return p.family + " sp " + std::to_string(p.sp) + ", ZeRO " + std::to_string(p.zero_stage) +
          ", checkpointing " + (p.checkpointing ? "layer" : "none") + ", head_chunks " +
          std::to_string(p.head_chunks) + ", tiled_mlp " + p.tiled_mlp + ", offload " +
-         (p.offload ? "true" : "false");
+         (p.offload ? "true" : "false") + ", ring " + std::to_string(p.ring);
 }
 
 // Byte-level text has a target at every token, so the loss tiles are as large in the run as
@@ -52,8 +53,8 @@ Config grid_config(const GridPoint& p) {
           "train: {steps: 2, batch_size: 1, seq_len: 128, grad_accum: 2, seed: 5}\n" +
           "data: {source: text, path: " + ULYSSES_SOURCE_DIR + "/docs}\n" + "parallel: {sp: " +
           std::to_string(p.sp) + ", zero_stage: " + std::to_string(p.zero_stage) +
-          ", head_chunks: " + std::to_string(p.head_chunks) + "}\n" +
-          "memory: {activation_checkpointing: " + (p.checkpointing ? "layer" : "none") +
+          ", head_chunks: " + std::to_string(p.head_chunks) + ", ring: " + std::to_string(p.ring) +
+          "}\n" + "memory: {activation_checkpointing: " + (p.checkpointing ? "layer" : "none") +
           ", tiled_mlp: " + p.tiled_mlp +
           ", offload_checkpoints: " + (p.offload ? "true" : "false") + ", loss_tile_tokens: 16}\n",
       {}, "plan_test.yaml");
@@ -66,7 +67,7 @@ class PlanAgainstRuns : public testing::MpiTest {
   MemoryStats measured_peaks(const Config& config) {
     auto backend = make_backend(BackendKind::cpu, 0);
     backend->set_num_threads(1);
-    Mesh mesh = make_mesh(world(), config.parallel.sp);
+    Mesh mesh = make_mesh(world(), config.parallel.sp, config.parallel.ring);
     Trainer trainer(config, *backend, mesh);
     MemoryStats largest;
     for (int step = 0; step < 2; ++step) {
@@ -84,10 +85,12 @@ class PlanAgainstRuns : public testing::MpiTest {
 TEST_F(PlanAgainstRuns, PeakOfEveryCategoryWithinFivePercent) {
   setenv("OMP_NUM_THREADS", "1", 1);
   const GridPoint grid[] = {
-      {"llama", 1, 0, false, 1, "false", false}, {"llama", 1, 2, false, 1, "auto", false},
-      {"llama", 2, 1, true, 1, "false", false},  {"llama", 2, 3, true, 2, "auto", true},
-      {"llama", 2, 2, false, 2, "false", false}, {"llama", 4, 0, false, 2, "false", false},
-      {"llama", 4, 3, true, 1, "4", false},      {"gpt2", 2, 1, true, 1, "false", false},
+      {"llama", 1, 0, false, 1, "false", false},    {"llama", 1, 2, false, 1, "auto", false},
+      {"llama", 2, 1, true, 1, "false", false},     {"llama", 2, 3, true, 2, "auto", true},
+      {"llama", 2, 2, false, 2, "false", false},    {"llama", 4, 0, false, 2, "false", false},
+      {"llama", 4, 3, true, 1, "4", false},         {"gpt2", 2, 1, true, 1, "false", false},
+      {"llama", 2, 0, false, 1, "false", false, 2}, {"llama", 4, 2, true, 2, "auto", false, 2},
+      {"gpt2", 4, 3, false, 1, "false", false, 4},
   };
   int planned = 0;
   for (const GridPoint& point : grid) {
@@ -127,7 +130,7 @@ TEST_F(PlanAgainstRuns, EvalPeakWithinFivePercentOfARealEvaluation) {
     config.train.batch_size = 2;
     auto backend = make_backend(BackendKind::cpu, 0);
     backend->set_num_threads(1);
-    Mesh mesh = make_mesh(world(), config.parallel.sp);
+    Mesh mesh = make_mesh(world(), config.parallel.sp, config.parallel.ring);
     const int64_t seq_local = padded_seq_local(config.train.seq_len, mesh.sp_size);
     Model model(config, *backend, *mesh.sp, *mesh.world, config.train.batch_size, seq_local,
                 ring_comms(mesh));
