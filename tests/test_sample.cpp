@@ -83,6 +83,14 @@ TEST_F(SampleFromHf, SeededDrawsAreReproducibleAndTopKOfOneIsGreedy) {
   EXPECT_EQ(sample("--temperature 1.5 --top-k 1 --seed 7"), greedy);
 }
 
+// A run's config for sp ranks, with a ring inside them, samples on one rank as written for one:
+// with the ring kept it was refused ("parallel.ring=2 does not divide parallel.sp=1").
+TEST_F(SampleFromHf, AConfigForSpAndRingSamplesOnOneRank) {
+  const std::vector<int32_t> greedy = sample("--temperature 0");
+  ASSERT_FALSE(greedy.empty());
+  EXPECT_EQ(sample("--temperature 0 --set parallel.sp=4 --set parallel.ring=2"), greedy);
+}
+
 TEST_F(SampleFromHf, PrintsTheDecodedTextWithoutJson) {
   const auto result =
       run_command(kTrain + " sample --config " + dir_.file("c.yaml") + " --init-from " +

@@ -187,7 +187,9 @@ void run_sample(const SampleOptions& options, Comm& world) {
                                        "mpirun, or with -np 1",
                    ExitCode::bad_input);
   std::vector<std::string> overrides = options.overrides;
-  overrides.push_back("parallel.sp=1");  // a config written for sp > 1 samples on one rank
+  // A config written for sp > 1, or for a ring inside its sp groups, samples on one rank.
+  overrides.push_back("parallel.sp=1");
+  overrides.push_back("parallel.ring=1");
   JobSession job = open_job(options.config_path, overrides, "sample", world);
   connect_job(job, world);
   const Config& config = job.config;
