@@ -127,7 +127,16 @@ const std::vector<BadConfig> kBadConfigs = {
      "model.vocab_size", 2, "required"},
     {"more queries than pairs", "data:\n  n_pairs: 2\n  n_queries: 3\n", "data.n_queries", 3,
      "data.n_pairs = 2 (config.yaml:2)"},
-    {"sequence too short for the task", "train:\n  seq_len: 16\n", "train.seq_len", 2, "needs 25"},
+    {"sequence too short for the task", "train:\n  seq_len: 16\n", "train.seq_len", 2,
+     "too short for the synthetic task: BOS + 3 tokens for each of data.n_pairs = 4 (default) and "
+     "data.n_queries = 4 (default), which need 25"},
+    {"sequence too short for its documents",
+     "train:\n  seq_len: 64\ndata:\n  documents: eos\n  documents_per_sequence: 3\n",
+     "train.seq_len", 2, "too short for 3 synthetic documents (data.documents_per_sequence)"},
+    {"curriculum stage too short for its documents",
+     "train:\n  seq_len: 128\n  seq_len_schedule: '64@0, 128@5'\ndata:\n  documents: eos\n"
+     "  documents_per_sequence: 3\n",
+     "train.seq_len_schedule", 3, "the first stage's length 64 is too short for 3 synthetic"},
     {"val_fraction of 1", "data:\n  val_fraction: 1\n", "data.val_fraction", 2, "< 1"},
     {"section that is not a map", "model:\n  n_layers: 2\ntrain: 5\n", "train", 3,
      "expected a map"},

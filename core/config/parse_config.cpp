@@ -278,19 +278,25 @@ void check_cross_keys(const ConfigReader& reader, const Config& c) {
       reader.fail("data.n_keys", std::to_string(c.data.n_keys) + " is below " +
                                      show("data.n_pairs") + "; planted keys are distinct");
     }
-    int64_t needed = synthetic_min_seq_len(c.data);
+    // With packed documents every sequence holds documents_per_sequence whole tasks.
+    const bool packed = c.data.documents == DataDocuments::eos;
+    const int64_t needed =
+        synthetic_min_seq_len(c.data) * (packed ? c.data.documents_per_sequence : 1);
+    const std::string task =
+        packed ? std::to_string(c.data.documents_per_sequence) +
+                     " synthetic documents (data.documents_per_sequence) of BOS + 3 tokens for "
+                     "each of " +
+                     show("data.n_pairs") + " and " + show("data.n_queries")
+               : "the synthetic task: BOS + 3 tokens for each of " + show("data.n_pairs") +
+                     " and " + show("data.n_queries");
     if (!stages.empty() && stages.front().seq_len < needed) {
       reader.fail("train.seq_len_schedule",
                   "the first stage's length " + std::to_string(stages.front().seq_len) +
-                      " is too short for the synthetic task, which needs " +
-                      std::to_string(needed));
+                      " is too short for " + task + ", which need " + std::to_string(needed));
     }
     if (c.train.seq_len < needed) {
-      reader.fail("train.seq_len",
-                  std::to_string(c.train.seq_len) +
-                      " is too short for the synthetic task: BOS + 3 tokens for each of " +
-                      show("data.n_pairs") + " and " + show("data.n_queries") + " needs " +
-                      std::to_string(needed));
+      reader.fail("train.seq_len", std::to_string(c.train.seq_len) + " is too short for " + task +
+                                       ", which need " + std::to_string(needed));
     }
   }
   int needed_vocab = default_vocab_size(c.data);

@@ -1,7 +1,8 @@
 // Options together, as users combine them: seeded draws of the options that change how a step
 // is computed (sp, ring, ZeRO stage, bucket size, head chunks, overlap, layer checkpointing,
 // tiled MLP, loss tile) over model and data shapes (llama with 1, 2 or 4 kv heads, gpt2,
-// packed documents, lengths the sp group pads, gradient accumulation, a clip that bites), each
+// packed documents, lengths the sp group pads, a length curriculum that rebuilds the model
+// after step 2, gradient accumulation, a clip that bites), each
 // trained for 3 AdamW steps against one rank on the same global batch, within the bounds of
 // tests/mpi/training_bounds.h. Each option has tests of its own; these find what two of them break
 // together (docs/design.md, "Correctness evidence"). Caught so far: ring attention skipping a block
@@ -58,9 +59,11 @@ OptionSet draw_option_set(std::mt19937& draw, int world_size) {
   OptionSet set;
   const std::string family = choose(draw, {"llama", "gpt2"});
   const std::string kv_heads = family == "gpt2" ? "4" : choose(draw, {"1", "2", "4"});
+  const std::string seq_len = choose(draw, {"64", "62", "60"});
   set.shape = {"model.family=" + family,
                "model.n_kv_heads=" + kv_heads,
-               "train.seq_len=" + choose(draw, {"64", "62", "60"}),
+               "train.seq_len=" + seq_len,
+               "train.seq_len_schedule=" + choose(draw, {"", "32@0, " + seq_len + "@2"}),
                "train.grad_accum=" + choose(draw, {"1", "2"}),
                "train.grad_clip=" + choose(draw, {"1", "0.05"}),
                "data.documents=" + choose(draw, {"none", "eos"}),
@@ -99,8 +102,9 @@ TEST_F(OptionSets, SeededDrawsTrainAsOneRankDoes) {
     std::vector<std::string> all = set.shape;
     all.insert(all.end(), set.options.begin(), set.options.end());
     const int batch_per_rank = 2;
-    const Config distributed = config_of(all, batch_per_rank);
+    Config distributed;
     try {
+      distributed = config_of(all, batch_per_rank);
       validate_for_world(distributed, world_size);
     } catch (const ConfigError&) {
       ++refused;  // a combination the rules refuse, with a message (tests/test_config.cpp)
