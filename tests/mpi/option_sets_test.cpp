@@ -1,13 +1,14 @@
 // Options together, as users combine them: seeded draws of the options that change how a step
 // is computed (sp, ring, ZeRO stage, bucket size, head chunks, overlap, layer checkpointing,
-// tiled MLP, loss tile) over model and data shapes (llama with 1, 2 or 4 kv heads, gpt2,
-// packed documents, lengths the sp group pads, a length curriculum that rebuilds the model
-// after step 2, gradient accumulation, a clip that bites), each
-// trained for 3 AdamW steps against one rank on the same global batch, within the bounds of
-// tests/mpi/training_bounds.h. Each option has tests of its own; these find what two of them break
-// together (docs/design.md, "Correctness evidence"). Caught so far: ring attention skipping a block
-// whose last key starts its queries' document (packed documents at a padded length; ring_test.cpp
-// has that case now).
+// tiled MLP, loss tile) over model and data shapes (llama with 1, 2 or 4 kv heads, gpt2, packed
+// documents, lengths the sp group pads, a length curriculum that rebuilds the model after step
+// 2, gradient accumulation, a clip that bites), each trained for 3 AdamW steps against one rank
+// on the same global batch, within the bounds of tests/mpi/training_bounds.h. Each option has
+// tests of its own; these find what two of them break together (docs/design.md, "Correctness
+// evidence"), and a set the config rules accept must train. Caught so far: ring attention
+// skipping a block whose last key starts its queries' document (packed documents at a padded
+// length; ring_test.cpp has that case now), and a curriculum stage too short for its packed
+// synthetic documents that the config check let through (tests/test_config.cpp has it now).
 #include <gtest/gtest.h>
 
 #include <cstdint>
