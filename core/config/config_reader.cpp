@@ -215,7 +215,7 @@ void ConfigReader::read_file_tree(const std::string& yaml_text) {
 void ConfigReader::apply_override(const std::string& override_text) {
   std::string where = "override '" + override_text + "'";
   size_t equals = override_text.find('=');
-  std::string key = trim(override_text.substr(0, std::min(equals, override_text.size())));
+  std::string key = trim(override_text.substr(0, equals));
   if (equals == std::string::npos || key.empty())
     throw ConfigError(where + ": expected key=value, e.g. train.lr=1e-3");
   if (!is_key(key)) {

@@ -53,7 +53,7 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
       seq_len_stages_(parse_seq_len_schedule(config.train.seq_len_schedule)),
       guard_(config.train, config.model.vocab_size) {
   // The mesh decides how attention is split, whatever the config says: one made for another
-  // sp or ring would train, or plan, something else than the config names.
+  // sp or ring would train, or plan, something other than what the config names.
   if (mesh.sp_size != config.parallel.sp || mesh.ring_size != config.parallel.ring)
     throw std::invalid_argument(
         "the trainer's mesh is sp " + std::to_string(mesh.sp_size) + " x ring " +
