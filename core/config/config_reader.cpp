@@ -7,6 +7,8 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 
@@ -109,6 +111,28 @@ bool parse_bool(const std::string& text, bool& out) {
     return true;
   }
   return false;
+}
+
+// The first of Unicode's 66 noncharacters (U+FDD0 to U+FDEF, and the last two code points of
+// every plane, U+xFFFE and U+xFFFF) in text's well-formed UTF-8, or 0. They take 3 or 4 bytes.
+uint32_t first_noncharacter(const std::string& text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const size_t length = bytes[i] >= 0xE0 && bytes[i] <= 0xEF   ? 3
+                          : bytes[i] >= 0xF0 && bytes[i] <= 0xF4 ? 4
+                                                                 : 0;
+    if (length == 0 || text.size() - i < length) continue;
+    uint32_t code = bytes[i] & (length == 3 ? 0x0F : 0x07);
+    bool well_formed = true;
+    for (size_t k = 1; k < length && well_formed; ++k) {
+      well_formed = (bytes[i + k] & 0xC0) == 0x80;
+      code = (code << 6) | (bytes[i + k] & 0x3F);
+    }
+    // An overlong form is not the code point it spells.
+    if (!well_formed || code < (length == 3 ? 0x800u : 0x10000u) || code > 0x10FFFF) continue;
+    if ((code >= 0xFDD0 && code <= 0xFDEF) || (code & 0xFFFE) == 0xFFFE) return code;
+  }
+  return 0;
 }
 
 // An integer too large (or small) for the key's type gets its range, not "expected an
@@ -351,15 +375,14 @@ std::string convert(const YAML::Node& node, std::string& out) {
   }
   if (node.IsScalar()) {
     out = node.Scalar();
-    // YAML text may not hold the noncharacters U+FFFE and U+FFFF (YAML 1.2, 5.1), and the
-    // resolved config's printer would write them as U+FFFD: --dry-run's output would read
-    // back as another config (docs/configuration.md#validation-and-error-messages).
-    const std::pair<const char*, const char*> noncharacters[] = {{"\xef\xbf\xbe", "U+FFFE"},
-                                                                 {"\xef\xbf\xbf", "U+FFFF"}};
-    for (const auto& [utf8, name] : noncharacters) {
-      if (out.find(utf8) != std::string::npos)
-        return std::string("the string holds ") + name +
-               ", a noncharacter YAML text may not contain";
+    // The resolved config's printer writes Unicode's noncharacters as U+FFFD, so --dry-run's
+    // output would read back as another config
+    // (docs/configuration.md#validation-and-error-messages).
+    if (const uint32_t code = first_noncharacter(out); code != 0) {
+      char name[16];
+      std::snprintf(name, sizeof name, "U+%04X", unsigned(code));
+      return std::string("the string holds ") + name +
+             ", a Unicode noncharacter, which YAML cannot print";
     }
     return "";
   }
