@@ -3,11 +3,10 @@
 
 Runs short trainer runs (under mpirun, world = sp ranks) over sequence lengths x sp degrees x
 ZeRO stages x activation checkpointing x head chunks x tiled MLP x offloaded layer inputs x ring
-degrees, writes
-one CSV row per run (a failed run is a row with its error), draws PNG plots with gnuplot (one
-panel per sp, and per-category bars of each option set's longest run), and with --budget-gib
-finds the longest sequence whose per-rank peak tracked memory fits the budget (doubling, then
-bisection). Started again into the same --out, a sweep continues where it stopped."""
+degrees, writes one CSV row per run (a failed run is a row with its error), draws PNG plots with
+gnuplot (one panel per sp, and per-category bars of each option set's longest run), and with
+--budget-gib finds the longest sequence whose per-rank peak tracked memory fits the budget
+(doubling, then bisection). Started again into the same --out, a sweep continues where it stopped."""
 import argparse
 import csv
 import json
@@ -270,7 +269,8 @@ def main():
                for offload in args.offload.split(",") for ring in args.ring
                if offload == "false" or ck == "layer"]  # offloading needs checkpoints
     # A ring degree runs inside an sp group: it must divide sp (ring 1 always does).
-    combos = [(sp, option) for sp in args.sp for option in options if sp % option[5] == 0]
+    combos = [(sp, option) for sp in args.sp for option in options
+              if sp % option[-1] == 0]  # option[-1]: the ring degree
     for ring in args.ring:
         if not any(sp % ring == 0 for sp in args.sp):
             print(f"sweep: --ring {ring} divides none of --sp {','.join(map(str, args.sp))}: a ring "
