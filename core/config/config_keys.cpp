@@ -318,6 +318,17 @@ std::vector<std::string> key_names() {
   return keys;
 }
 
+std::string value_text(const Config& config, const std::string& key) {
+  Config copy = config;  // the table's accessors take a mutable Config
+  return std::visit([&](auto ref) { return format_value(ref(copy)); }, find_field(key)->ref);
+}
+
+std::string key_shown(const ConfigReader& reader, const Config& config, const std::string& key) {
+  std::string location = reader.where(key);
+  return key + " = " + value_text(config, key) + " (" + (location.empty() ? "default" : location) +
+         ")";
+}
+
 }  // namespace config_keys
 
 namespace {

@@ -107,4 +107,10 @@ std::string format_value(const T& value) {
   }
 }
 
+// The value of key in config as a message shows it ("4", "'cosine'").
+std::string value_text(const Config& config, const std::string& key);
+// "model.n_heads = 12 (config.yaml:5)", or "(default)" for a key not given: for messages
+// that involve a second key.
+std::string key_shown(const ConfigReader& reader, const Config& config, const std::string& key);
+
 }  // namespace ulysses::config_keys

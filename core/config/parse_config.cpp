@@ -12,6 +12,7 @@
 #include "core/config/config.h"
 #include "core/config/config_keys.h"
 #include "core/config/config_reader.h"
+#include "core/config/inert_keys.h"
 #include "core/config/seq_len_schedule.h"
 #include "data/dataset.h"
 #include "data/input_file.h"
@@ -66,18 +67,6 @@ void fill(const ConfigReader& reader, Config& config) {
         field.ref);
     if (!problem.empty()) reader.fail(field.key, problem);
   }
-}
-
-std::string value_text(const Config& config, const std::string& key) {
-  Config copy = config;  // the table's accessors take a mutable Config
-  return std::visit([&](auto ref) { return format_value(ref(copy)); }, find_field(key)->ref);
-}
-
-// "model.n_heads = 12 (config.yaml:5)", for messages that involve a second key.
-std::string key_shown(const ConfigReader& reader, const Config& config, const std::string& key) {
-  std::string location = reader.where(key);
-  return key + " = " + value_text(config, key) + " (" + (location.empty() ? "default" : location) +
-         ")";
 }
 
 // ---- validation ------------------------------------------------------------------------
@@ -362,6 +351,10 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
   check_ranges(reader, config);
   resolve_defaults(reader, config);
   check_cross_keys(reader, config);
+  if (warnings) {
+    const std::vector<std::string> inert = inert_key_warnings(reader, config);
+    warnings->insert(warnings->end(), inert.begin(), inert.end());
+  }
   if (warnings && !file_sets_keys) {
     const Config defaults;
     warnings->push_back(source_name +
