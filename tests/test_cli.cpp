@@ -189,6 +189,23 @@ TEST(Cli, PlanRunsWithoutMpiAndExplainsItself) {
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
 }
 
+// With a ring the head rules bind sp / ring: llama3-8b's 32 heads on sp 64 as 32 x ring 2
+// plan (they crashed the planner's option ladder, which looked for head chunks of sp 64).
+TEST(Cli, PlanWithARingSplitsTheHeadsOverSpOverRing) {
+  const std::string plan = kTrain + " plan -c " ULYSSES_SOURCE_DIR
+                                    "/configs/llama3-8b.yaml --set parallel.ring=2 --sp 64 "
+                                    "--device-gib 80";
+  auto point = run_command(plan + " --seq 8k");
+  EXPECT_EQ(point.exit_code, 0) << point.output;
+  for (const char* text : {"heads 32 % sp/ring 32: ok", "kv heads 8 on sp/ring 32: replicated",
+                           "FITS", "cheapest options that fit"})
+    EXPECT_NE(point.output.find(text), std::string::npos) << text << "\n" << point.output;
+  auto longest = run_command(plan + " --longest --granule 8192");
+  EXPECT_EQ(longest.exit_code, 0) << longest.output;
+  EXPECT_NE(longest.output.find("sp 64  ZeRO-3 + layer checkpointing"), std::string::npos)
+      << longest.output;
+}
+
 std::vector<nlohmann::json> json_lines(const std::string& output) {
   std::vector<nlohmann::json> lines;
   std::stringstream text(output);

@@ -57,9 +57,12 @@ std::vector<OptionSet> option_ladder(const Config& config, int world_size) {
   }
   add("layer checkpointing", "memory.activation_checkpointing=layer");
   add("tiled MLP", "memory.tiled_mlp=auto");
+  // Heads are split over the Ulysses degree sp / ring only (docs/parallelism.md, "Ulysses ×
+  // ring"); a degree the heads do not fit has no chunks, and its point is refused elsewhere.
   const std::vector<int> chunks =
-      valid_head_chunks(config.model.n_heads, kv_heads_of(config), config.parallel.sp);
-  if (chunks.back() > 1)
+      valid_head_chunks(config.model.n_heads, kv_heads_of(config),
+                        config.parallel.sp / std::max(config.parallel.ring, 1));
+  if (!chunks.empty() && chunks.back() > 1)
     add("head chunks " + std::to_string(chunks.back()),
         "parallel.head_chunks=" + std::to_string(chunks.back()));
   // On the cpu backend offloading moves nothing: the layer inputs are host memory either way.
@@ -174,21 +177,27 @@ std::vector<std::string> distinct_overrides(const std::vector<std::string>& over
 std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq_len, int sp) {
   const int heads = config.model.n_heads, kv = kv_heads_of(config);
   const int chunks = config.parallel.head_chunks;
+  // With a ring the head rules bind the Ulysses degree sp / ring (docs/parallelism.md,
+  // "Ulysses × ring"); a ring that does not divide sp is refused with a message of its own.
+  const int ring = config.parallel.ring;
+  const bool with_ring = ring > 1 && sp % ring == 0;
+  const int ulysses = with_ring ? sp / ring : sp;
+  const std::string degree = (with_ring ? "sp/ring " : "sp ") + std::to_string(ulysses);
   auto status = [](bool ok) { return ok ? std::string("ok") : std::string("REFUSED"); };
   std::vector<std::string> lines;
-  lines.push_back("heads " + std::to_string(heads) + " % sp " + std::to_string(sp) + ": " +
-                  status(heads % sp == 0));
-  const std::string kv_rule = kv % sp == 0   ? "split over the sp ranks"
-                              : sp % kv == 0 ? "replicated (sp % kv heads == 0)"
-                                             : "neither divides the other";
-  lines.push_back("kv heads " + std::to_string(kv) + " on sp " + std::to_string(sp) + ": " +
-                  kv_rule + ": " + status(kv % sp == 0 || sp % kv == 0));
+  lines.push_back("heads " + std::to_string(heads) + " % " + degree + ": " +
+                  status(heads % ulysses == 0));
+  const std::string kv_rule = kv % ulysses == 0   ? "split over the ranks"
+                              : ulysses % kv == 0 ? "replicated (" + degree + " % kv heads == 0)"
+                                                  : "neither divides the other";
+  lines.push_back("kv heads " + std::to_string(kv) + " on " + degree + ": " + kv_rule + ": " +
+                  status(kv % ulysses == 0 || ulysses % kv == 0));
   lines.push_back("seq_len " + std::to_string(seq_len) + " % sp " + std::to_string(sp) + ": " +
                   (seq_len % sp == 0
                        ? std::string("ok")
                        : "padded to " + std::to_string((seq_len + sp - 1) / sp * sp)));
-  if (heads % sp == 0 && (kv % sp == 0 || sp % kv == 0)) {
-    const std::vector<int> valid = valid_head_chunks(heads, kv, sp);
+  if (heads % ulysses == 0 && (kv % ulysses == 0 || ulysses % kv == 0)) {
+    const std::vector<int> valid = valid_head_chunks(heads, kv, ulysses);
     std::string choices;
     for (int u : valid) choices += (choices.empty() ? "" : ", ") + std::to_string(u);
     lines.push_back("head_chunks " + std::to_string(chunks) + " (valid: " + choices +
