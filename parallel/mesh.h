@@ -1,6 +1,7 @@
 // The dp × sp process mesh (docs/parallelism.md).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "parallel/comm.h"
@@ -30,6 +31,14 @@ struct Mesh {
 // Collective over world. Throws std::invalid_argument unless sp >= 1 divides world.size() and
 // ring >= 1 divides sp.
 Mesh make_mesh(Comm& world, int sp, int ring = 1);
+
+// The length a sequence of seq_len tokens is padded to on an SP group of sp ranks, ring of
+// them in a ring (ring divides sp): the next multiple of sp, and with ring > 1 also of 2·ring,
+// the zigzag's equal chunks (docs/parallelism.md, "Any length under any sp"). The padding is
+// a document of its own, so any length trains as it would on one rank.
+int64_t padded_seq_len(int64_t seq_len, int sp, int ring);
+// Tokens each rank of the SP group holds: padded_seq_len / sp.
+int64_t padded_seq_local(int64_t seq_len, int sp, int ring);
 
 // What attention needs of a ring (parallel.ring > 1): the Ulysses group its all-to-alls run
 // over and the ring; both null without a ring (the all-to-alls then span the SP group).

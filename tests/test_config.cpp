@@ -549,12 +549,26 @@ TEST(ValidateForWorld, CudnnIsRefusedWithDocumentsOrPadding) {
   padded.train.seq_len = 256;
   EXPECT_FALSE(attention_has_documents(padded));
   EXPECT_NO_THROW(validate_for_world(padded, 4));
+  // With ring 4 the zigzag's 8 chunks pad 260 (which sp 4 divides) to 264.
+  padded.parallel.ring = 4;
+  padded.train.seq_len = 260;
+  EXPECT_TRUE(attention_has_documents(padded));
+  const std::string message = world_error(padded, 4);
+  EXPECT_TRUE(contains(message, "on parallel.sp=4 with parallel.ring=4; use a multiple of 8"))
+      << message;
 }
 
 TEST(ValidateForWorld, AnySeqLenIsAcceptedOnAnySp) {
   // A length sp does not divide is padded (docs/parallelism.md, "Any length under any sp").
   Config config = config_with("parallel:\n  sp: 4\ntrain:\n  seq_len: 250\n");
   EXPECT_NO_THROW(validate_for_world(config, 4));
+  // With a ring too: also padded to a multiple of 2·ring, the zigzag's chunks.
+  config.parallel.ring = 4;
+  config.train.seq_len = 57;
+  EXPECT_NO_THROW(validate_for_world(config, 4));
+  EXPECT_TRUE(has_padding(config));
+  config.train.seq_len = 64;
+  EXPECT_FALSE(has_padding(config));
 }
 
 TEST(ValidateForWorld, HeadChunksMustSplitEachRanksHeadsIntoWholeStages) {

@@ -140,7 +140,7 @@ TEST(SyntheticPlacement, KeysSitInEveryRanksSliceAndQueriesOnTheLast) {
   data.n_keys = 1;
   data.plant_fraction = 1.0;
   auto dataset = make_dataset(data, Split::val, 4096, synthetic_vocab(data).size(), 1);
-  const QueryPlacement placement = query_placement(*dataset, 64, 4096, 4);
+  const QueryPlacement placement = query_placement(*dataset, 64, 4096, 4, 1);
   ASSERT_EQ(placement.queries, 64);
   for (int rank = 0; rank < 4; ++rank) EXPECT_GT(placement.keys_per_rank[rank], 5) << rank;
   EXPECT_EQ(placement.asked_per_rank[3], 64);
@@ -152,7 +152,7 @@ TEST(SyntheticPlacement, KeysSitInEveryRanksSliceAndQueriesOnTheLast) {
   // The default plant_fraction (0.75) leaves the last slice without keys.
   data.plant_fraction = 0.75;
   auto early = make_dataset(data, Split::val, 4096, synthetic_vocab(data).size(), 1);
-  EXPECT_EQ(query_placement(*early, 64, 4096, 4).keys_per_rank[3], 0);
+  EXPECT_EQ(query_placement(*early, 64, 4096, 4, 1).keys_per_rank[3], 0);
 }
 
 // A curriculum run changes length and batch at step 3; resuming before and after the change

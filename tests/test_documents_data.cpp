@@ -183,10 +183,10 @@ TEST(DocumentData, LengthsSpDoesNotDivideArePaddedUnscoredAndADocumentOfTheirOwn
   auto dataset = make_dataset(data, Split::train, 10, default_vocab_size(data), 3);
   const Window whole = read_window(*dataset, 0, 10);
   // 10 tokens over 4 ranks: 3 each, the last rank holds token 9 and two padding tokens.
-  EXPECT_EQ(padded_seq_local(10, 4), 3);
+  EXPECT_EQ(padded_seq_local(10, 4, 1), 3);
   std::vector<int32_t> inputs, targets;
   for (int rank = 0; rank < 4; ++rank) {
-    const MicroBatch micro = read_micro_batch(*dataset, 0, 1, 10, 4, rank);
+    const MicroBatch micro = read_micro_batch(*dataset, 0, 1, 10, 4, 1, rank);
     EXPECT_EQ(micro.seq_local, 3);
     EXPECT_EQ(micro.pos_offset, 3 * rank);
     EXPECT_EQ(micro.documents.starts, (std::vector<std::vector<int64_t>>{{0, 10}}));
@@ -199,7 +199,19 @@ TEST(DocumentData, LengthsSpDoesNotDivideArePaddedUnscoredAndADocumentOfTheirOwn
   EXPECT_EQ(inputs, expected_inputs);
   EXPECT_EQ(targets, expected_targets);
   // A length sp divides reads as it always did: no documents.
-  EXPECT_TRUE(read_micro_batch(*dataset, 0, 1, 10, 2, 1).documents.none());
+  EXPECT_TRUE(read_micro_batch(*dataset, 0, 1, 10, 2, 1, 1).documents.none());
+  // With a ring the length is also padded to a multiple of 2·ring, the zigzag's chunks: 10 on
+  // sp 2 x ring 2 is held as 12 (6 per rank), on sp 4 x ring 4 as 16 (lcm(4, 8) = 8).
+  EXPECT_EQ(padded_seq_len(10, 2, 2), 12);
+  EXPECT_EQ(padded_seq_len(10, 4, 4), 16);
+  EXPECT_EQ(padded_seq_len(16, 4, 4), 16);
+  EXPECT_EQ(padded_seq_len(12, 6, 3), 12);
+  const MicroBatch ring_micro = read_micro_batch(*dataset, 0, 1, 10, 2, 2, 1);
+  EXPECT_EQ(ring_micro.seq_local, 6);
+  EXPECT_EQ(ring_micro.pos_offset, 6);
+  EXPECT_EQ(ring_micro.documents.starts, (std::vector<std::vector<int64_t>>{{0, 10}}));
+  EXPECT_EQ(ring_micro.targets[4], -1);
+  EXPECT_EQ(ring_micro.targets[5], -1);
 }
 
 }  // namespace

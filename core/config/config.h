@@ -260,9 +260,9 @@ long double approximate_parameter_count(const ModelConfig& model);
 // Checks that depend on the number of ranks (world % sp, heads % sp, GQA, head stages, and
 // kernels.attention: cudnn with padding); the message names the numbers and what would work.
 void validate_for_world(const Config& config, int world_size);
-// Whether some length the run trains at (train.seq_len or a schedule stage) is padded on sp
-// ranks (docs/parallelism.md, "Any length under any sp").
-bool has_padding(const Config& config, int sp);
+// Whether some length the run trains at (train.seq_len or a schedule stage) is padded on
+// parallel.sp ranks and parallel.ring (docs/parallelism.md, "Any length under any sp").
+bool has_padding(const Config& config);
 // Whether attention gets document starts: packed documents, or padding.
 bool attention_has_documents(const Config& config);
 

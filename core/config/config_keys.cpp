@@ -177,8 +177,8 @@ const std::vector<Field>& fields() {
        "divides the world and `n_heads` (`sp / ring` does, with `parallel.ring`)",
        "ranks per sequence-parallel group; the rest of the world is data parallel"},
       {ULYSSES_KEY(parallel.ring), at_least(1),
-       "divides `sp`; `n_heads` and `n_kv_heads` rules apply to `sp / ring`; `2·ring` divides "
-       "`seq_len` padded to a multiple of `sp`; on cuda not with `parallel.device_comm: nccl`",
+       "divides `sp`; `n_heads` and `n_kv_heads` rules apply to `sp / ring`; `seq_len` is padded "
+       "to a multiple of `2·ring` too; on cuda not with `parallel.device_comm: nccl`",
        "ring attention inside each sp group (docs/parallelism.md, \"Ulysses × ring\"): sp/ring "
        "Ulysses ranks (contiguous) × ring ranks; K/V blocks travel the ring, zigzag-split for "
        "causal balance; packed documents and padding mask as on one rank. Lifts sp past the "

@@ -8,18 +8,22 @@
 #include "core/config/config_reader.h"
 #include "core/config/seq_len_schedule.h"
 #include "parallel/head_chunks.h"
+#include "parallel/mesh.h"
 
 namespace ulysses {
 
-bool has_padding(const Config& config, int sp) {
-  if (config.train.seq_len % sp != 0) return true;
+bool has_padding(const Config& config) {
+  const auto padded = [&](int64_t length) {
+    return padded_seq_len(length, config.parallel.sp, config.parallel.ring) != length;
+  };
+  if (padded(config.train.seq_len)) return true;
   for (const SeqLenStage& stage : parse_seq_len_schedule(config.train.seq_len_schedule))
-    if (stage.seq_len % sp != 0) return true;
+    if (padded(stage.seq_len)) return true;
   return false;
 }
 
 bool attention_has_documents(const Config& config) {
-  return config.data.documents == DataDocuments::eos || has_padding(config, config.parallel.sp);
+  return config.data.documents == DataDocuments::eos || has_padding(config);
 }
 
 void validate_for_world(const Config& config, int world_size) {
@@ -40,27 +44,6 @@ void validate_for_world(const Config& config, int world_size) {
   if (sp % ring != 0)
     throw ConfigError("parallel.ring=" + std::to_string(ring) + " does not divide parallel.sp=" +
                       std::to_string(sp) + "; ring can be " + join_choices(divisors_of(sp)));
-  if (ring > 1) {
-    // The zigzag split cuts the sequence as the ranks hold it, padded to a multiple of sp
-    // (docs/parallelism.md, "Any length under any sp"), into 2·ring equal chunks.
-    const auto check_zigzag = [&](int64_t length, const std::string& what) {
-      const int64_t padded = (length + sp - 1) / sp * sp;
-      if (padded % (2 * ring) == 0) return;
-      const int64_t step = std::lcm(int64_t(sp), int64_t(2 * ring));
-      throw ConfigError(
-          what + " has length " + std::to_string(length) +
-          (padded != length ? " (padded to " + std::to_string(padded) +
-                                  " on parallel.sp=" + std::to_string(sp) + ")"
-                            : std::string()) +
-          ", not divisible by 2 * parallel.ring=" + std::to_string(2 * ring) +
-          "; the zigzag split cuts each sequence into 2·ring equal chunks, e.g. use " +
-          std::to_string((padded + step - 1) / step * step));
-    };
-    check_zigzag(config.train.seq_len, "train.seq_len");
-    for (const SeqLenStage& stage : parse_seq_len_schedule(config.train.seq_len_schedule))
-      check_zigzag(stage.seq_len,
-                   "train.seq_len_schedule: the stage at step " + std::to_string(stage.first_step));
-  }
   // The head rules bind the Ulysses degree sp / ring only (heads are not split by the ring).
   const int ulysses = sp / ring;
   const auto heads_fit = [&](int u) {
@@ -103,14 +86,18 @@ void validate_for_world(const Config& config, int world_size) {
                         std::to_string(world_size) + " ranks sp can be " + join_choices(working));
     }
   }
-  // Any train.seq_len works: a length sp does not divide is padded to the next multiple
+  // Any train.seq_len works: a length sp (and with a ring 2·ring) does not divide is padded
   // (docs/parallelism.md, "Any length under any sp"), masked as a document of its own, which
   // cuDNN's attention here cannot do.
-  if (config.kernels.attention == AttentionKernel::cudnn && has_padding(config, sp))
+  if (config.kernels.attention == AttentionKernel::cudnn && has_padding(config)) {
+    const int64_t multiple = padded_seq_len(1, sp, ring);
     throw ConfigError("kernels.attention: cudnn cannot mask the padding of train.seq_len=" +
                       std::to_string(config.train.seq_len) + " (or a train.seq_len_schedule " +
                       "stage) on parallel.sp=" + std::to_string(sp) +
-                      "; use a length sp divides, or kernels.attention: native or auto");
+                      (ring > 1 ? " with parallel.ring=" + std::to_string(ring) : std::string()) +
+                      "; use a multiple of " + std::to_string(multiple) +
+                      ", or kernels.attention: native or auto");
+  }
   const int heads_per_rank = n_heads / ulysses;
   const std::vector<int> chunks = valid_head_chunks(n_heads, n_kv_heads, ulysses);
   if (std::find(chunks.begin(), chunks.end(), config.parallel.head_chunks) == chunks.end()) {

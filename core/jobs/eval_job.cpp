@@ -46,7 +46,7 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   const OpenedWeights weights = open_weight_source(options.weights, config, world);
   check_eval_fits(world, config, omp_get_max_threads(), rank_memory(world, *job.backend),
                   host_rank_memory(world));
-  const int64_t seq_local = padded_seq_local(train.seq_len, job.mesh.sp_size);
+  const int64_t seq_local = padded_seq_local(train.seq_len, job.mesh.sp_size, job.mesh.ring_size);
   Model model(config, *job.backend, *job.mesh.sp, *job.mesh.world, train.batch_size, seq_local,
               ring_comms(job.mesh));
   {

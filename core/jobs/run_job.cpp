@@ -56,7 +56,7 @@ void print_plan(const Config& config, int world_size) {
   std::cout << "# " << checkpoint_disk_line(config, world_size) << "\n";
   std::cout << "# world " << world_size << " = dp " << world_size / config.parallel.sp << " x sp "
             << config.parallel.sp << "; each rank holds " << config.train.batch_size << " x "
-            << padded_seq_local(config.train.seq_len, config.parallel.sp)
+            << padded_seq_local(config.train.seq_len, config.parallel.sp, config.parallel.ring)
             << " tokens per micro-step\n";
   std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units << " units (largest "
             << plan.largest_unit << " parameters, bucket_mb " << config.parallel.bucket_mb
@@ -202,8 +202,8 @@ void run_job(const JobOptions& options, Comm& world) {
         "{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}; loss tiles of "
         "{} tokens{}",
         trainer.model().num_params(), config.train.seq_len,
-        padded_seq_local(config.train.seq_len, mesh.sp_size), config.train.batch_size,
-        config.train.grad_accum, trainer.model().loss_tile_tokens(),
+        padded_seq_local(config.train.seq_len, mesh.sp_size, mesh.ring_size),
+        config.train.batch_size, config.train.grad_accum, trainer.model().loss_tile_tokens(),
         config.memory.loss_tile_tokens == 0 ? " (memory.loss_tile_tokens: auto)" : "");
   trainer.run();
 }

@@ -142,7 +142,7 @@ void answer_queries(const SampleOptions& options, const Config& config, JobSessi
     spdlog::info("answers of {} to the queries of {} validation sequence(s) (temperature {}):",
                  weights, options.sequences, options.sampling.temperature);
   for (int sequence = 0; sequence < options.sequences; ++sequence) {
-    const MicroBatch batch = read_micro_batch(*dataset, sequence, 1, seq_len, 1, 0);
+    const MicroBatch batch = read_micro_batch(*dataset, sequence, 1, seq_len, 1, 1, 0);
     std::vector<int64_t> answer_rows;  // the queried keys: their target is the answer
     for (int64_t t = 0; t < seq_len; ++t)
       if (batch.targets[size_t(t)] >= 0) answer_rows.push_back(t);

@@ -32,7 +32,7 @@ StagePlan plan_forward(const Config& config, int world_size, int cpu_threads, in
   const Mesh& mesh = planned.mesh;
   MicroBatch batch;  // shapes only, as in a planned step
   batch.batch = batch_size;
-  batch.seq_local = padded_seq_local(seq_len, mesh.sp_size);
+  batch.seq_local = padded_seq_local(seq_len, mesh.sp_size, mesh.ring_size);
   batch.pos_offset = int64_t(mesh.sp_rank) * batch.seq_local;
   Model model(config, backend, *mesh.sp, *mesh.world, batch.batch, batch.seq_local,
               ring_comms(mesh));

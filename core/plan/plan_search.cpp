@@ -4,6 +4,7 @@
 
 #include "kernels/stopwatch.h"
 #include "parallel/head_chunks.h"
+#include "parallel/mesh.h"
 
 namespace ulysses {
 
@@ -192,10 +193,16 @@ std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq
                                                   : "neither divides the other";
   lines.push_back("kv heads " + std::to_string(kv) + " on " + degree + ": " + kv_rule + ": " +
                   status(kv % ulysses == 0 || ulysses % kv == 0));
-  lines.push_back("seq_len " + std::to_string(seq_len) + " % sp " + std::to_string(sp) + ": " +
-                  (seq_len % sp == 0
-                       ? std::string("ok")
-                       : "padded to " + std::to_string((seq_len + sp - 1) / sp * sp)));
+  // The padding of docs/parallelism.md, "Any length under any sp": to a multiple of sp, and
+  // with a ring of 2·ring too.
+  const int64_t padded = padded_seq_len(seq_len, sp, with_ring ? ring : 1);
+  const int64_t multiple = padded_seq_len(1, sp, with_ring ? ring : 1);
+  lines.push_back("seq_len " + std::to_string(seq_len) + " % " +
+                  (with_ring ? std::to_string(multiple) + " (sp " + std::to_string(sp) +
+                                   ", 2·ring " + std::to_string(2 * ring) + ")"
+                             : "sp " + std::to_string(sp)) +
+                  ": " +
+                  (padded == seq_len ? std::string("ok") : "padded to " + std::to_string(padded)));
   if (heads % ulysses == 0 && (kv % ulysses == 0 || ulysses % kv == 0)) {
     const std::vector<int> valid = valid_head_chunks(heads, kv, ulysses);
     std::string choices;

@@ -5,13 +5,9 @@
 
 namespace ulysses {
 
-int64_t padded_seq_local(int64_t seq_len, int sp) {
-  return (seq_len + sp - 1) / sp;
-}
-
 MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence, int64_t batch,
-                            int64_t seq_len, int sp, int sp_rank) {
-  const int64_t seq_local = padded_seq_local(seq_len, sp);
+                            int64_t seq_len, int sp, int ring, int sp_rank) {
+  const int64_t seq_local = padded_seq_local(seq_len, sp, ring);
   const bool padded = seq_local * sp > seq_len;
   MicroBatch micro;
   micro.batch = batch;
@@ -38,8 +34,8 @@ EvalResult evaluate_model(Model& model, Dataset& dataset, const Mesh& mesh, int6
   double totals[3] = {0.0, 0.0, 0.0};  // loss sum, counted tokens, correct answers
   for (int e = 0; e < steps; ++e) {
     const int64_t first_sequence = (int64_t(e) * mesh.dp_size + mesh.dp_rank) * batch_size;
-    const LossResult loss = model.evaluate(
-        read_micro_batch(dataset, first_sequence, batch_size, seq_len, mesh.sp_size, mesh.sp_rank));
+    const LossResult loss = model.evaluate(read_micro_batch(
+        dataset, first_sequence, batch_size, seq_len, mesh.sp_size, mesh.ring_size, mesh.sp_rank));
     totals[0] += loss.loss_sum;
     totals[1] += double(loss.count);
     totals[2] += double(loss.correct);
@@ -52,11 +48,12 @@ EvalResult evaluate_model(Model& model, Dataset& dataset, const Mesh& mesh, int6
   return result;
 }
 
-QueryPlacement query_placement(const Dataset& dataset, int64_t sequences, int64_t seq_len, int sp) {
+QueryPlacement query_placement(const Dataset& dataset, int64_t sequences, int64_t seq_len, int sp,
+                               int ring) {
   QueryPlacement placement;
   placement.keys_per_rank.assign(size_t(sp), 0);
   placement.asked_per_rank.assign(size_t(sp), 0);
-  const int64_t seq_local = padded_seq_local(seq_len, sp);
+  const int64_t seq_local = padded_seq_local(seq_len, sp, ring);
   for (int64_t index = 0; index < sequences; ++index) {
     for (const Dataset::Query& query : dataset.queries(index)) {
       const int64_t key_rank = query.key_at / seq_local, asking_rank = query.asked_at / seq_local;

@@ -19,17 +19,13 @@ struct EvalResult {
   int64_t tokens = 0;      // counted tokens (targets >= 0) over every rank
 };
 
-// Tokens per rank of a sequence of seq_len tokens over sp ranks: seq_len / sp rounded up.
-// A length sp does not divide is padded to the next multiple (docs/parallelism.md, "Any
-// length under any sp").
-int64_t padded_seq_local(int64_t seq_len, int sp);
-
-// This rank's slice (sp_rank · seq_local onwards, seq_local = padded_seq_local) of `batch`
+// This rank's slice (sp_rank · seq_local onwards, seq_local = padded_seq_local of
+// parallel/mesh.h) of `batch`
 // consecutive sequences from first_sequence, with the document starts of each whole sequence
 // when the data has documents. Padding past seq_len is token 0 with no target, and forms a
 // document of its own: its positions start at 0 and nothing real attends to it.
 MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence, int64_t batch,
-                            int64_t seq_len, int sp, int sp_rank);
+                            int64_t seq_len, int sp, int ring, int sp_rank);
 
 // Collective over mesh.world: `steps` batches of batch_size sequences per dp rank, the
 // sequences of batch e being (e · dp + dp_rank) · batch_size onwards, so every run over
@@ -46,7 +42,8 @@ struct QueryPlacement {
   int64_t across_ranks = 0;             // queries whose key sits on another rank
   int64_t queries = 0;
 };
-QueryPlacement query_placement(const Dataset& dataset, int64_t sequences, int64_t seq_len, int sp);
+QueryPlacement query_placement(const Dataset& dataset, int64_t sequences, int64_t seq_len, int sp,
+                               int ring);
 // "keys on sp ranks 0/1/2/3: 17/15/16/16, queries asked by rank 3: 64; 48 of 64 answers need
 // attention across ranks"
 std::string describe_placement(const QueryPlacement& placement);

@@ -88,7 +88,7 @@ Trainer::Trainer(const Config& config, Backend& backend, Mesh& mesh)
 void Trainer::build_model(const SeqLenStage& stage) {
   seq_len_ = stage.seq_len;
   batch_size_ = stage.batch_size;
-  seq_local_ = padded_seq_local(seq_len_, mesh_.sp_size);
+  seq_local_ = padded_seq_local(seq_len_, mesh_.sp_size, mesh_.ring_size);
   model_ = std::make_unique<Model>(config_, backend_, *mesh_.sp, *mesh_.world, batch_size_,
                                    seq_local_, ring_comms(mesh_));
 }
@@ -212,7 +212,7 @@ StepResult Trainer::train_step() {
       int64_t first_sequence =
           ((step_ * train.grad_accum + micro) * mesh_.dp_size + mesh_.dp_rank) * batch_size_;
       micro_batches.push_back(read_micro_batch(*train_data_, first_sequence, batch_size_, seq_len_,
-                                               mesh_.sp_size, mesh_.sp_rank));
+                                               mesh_.sp_size, mesh_.ring_size, mesh_.sp_rank));
       for (int32_t target : micro_batches.back().targets) counted += target >= 0 ? 1.0 : 0.0;
     }
   }
@@ -319,9 +319,9 @@ EvalResult Trainer::evaluate() {
   // Once per length: where the keys of the evaluated sequences sit, which rank asks.
   if (mesh_.world->rank() == 0 && val_data_->has_answers() && placement_logged_at_ != seq_len_) {
     const int64_t sequences = int64_t(train.eval_steps) * mesh_.dp_size * batch_size_;
-    spdlog::info(
-        "eval sequences at {} tokens over sp {}: {}", seq_len_, mesh_.sp_size,
-        describe_placement(query_placement(*val_data_, sequences, seq_len_, mesh_.sp_size)));
+    spdlog::info("eval sequences at {} tokens over sp {}: {}", seq_len_, mesh_.sp_size,
+                 describe_placement(query_placement(*val_data_, sequences, seq_len_, mesh_.sp_size,
+                                                    mesh_.ring_size)));
     placement_logged_at_ = seq_len_;
   }
   return evaluate_model(*model_, *val_data_, mesh_, batch_size_, seq_len_, train.eval_steps);

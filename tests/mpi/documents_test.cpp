@@ -91,7 +91,7 @@ DocumentResult run_padded(Backend& backend, const Config& config, Mesh& mesh,
                           const std::vector<int32_t>& sequence, std::vector<int64_t> starts,
                           int32_t last_target) {
   const int64_t seq_len = int64_t(sequence.size());
-  const int64_t seq_local = padded_seq_local(seq_len, mesh.sp_size);
+  const int64_t seq_local = padded_seq_local(seq_len, mesh.sp_size, mesh.ring_size);
   const int64_t padded_len = seq_local * mesh.sp_size;
   std::vector<int32_t> inputs(static_cast<size_t>(padded_len), 0);
   std::vector<int32_t> targets(static_cast<size_t>(padded_len), -1);

@@ -1,8 +1,8 @@
 // The planner against real runs (docs/memory.md, "The planner"): short cpu training runs
 // under mpirun over a grid of sp, ZeRO stage, layer checkpointing, head chunks, tiled MLP,
-// offload and ring, each compared per category with the plan of the same config. The planner runs the
-// trainer's own step on a planning backend; a buffer it missed, or one it charged that the
-// run does not allocate, fails here.
+// offload and ring, each compared per category with the plan of the same config. The planner runs
+// the trainer's own step on a planning backend; a buffer it missed, or one it charged that the run
+// does not allocate, fails here.
 //
 // One job of W ranks covers sp 1, 2 and 4 wherever sp divides W (ZeRO then shards over the
 // whole world, as in a run). Registered for 2 and 4 ranks. Also here: the memory a run
@@ -131,7 +131,7 @@ TEST_F(PlanAgainstRuns, EvalPeakWithinFivePercentOfARealEvaluation) {
     auto backend = make_backend(BackendKind::cpu, 0);
     backend->set_num_threads(1);
     Mesh mesh = make_mesh(world(), config.parallel.sp, config.parallel.ring);
-    const int64_t seq_local = padded_seq_local(config.train.seq_len, mesh.sp_size);
+    const int64_t seq_local = padded_seq_local(config.train.seq_len, mesh.sp_size, mesh.ring_size);
     Model model(config, *backend, *mesh.sp, *mesh.world, config.train.batch_size, seq_local,
                 ring_comms(mesh));
     std::unique_ptr<Dataset> data = make_dataset(config.data, Split::val, config.train.seq_len,

@@ -174,26 +174,22 @@ TEST_F(Ring, PackedDocumentsAndPaddingMatchOneRank) {
                           "overlap + layer checkpointing");
 }
 
-// The zigzag cuts the sequence as the ranks hold it, padded to a multiple of sp, into 2·ring
-// chunks: 57 tokens on sp 4 are held as 60, which 8 chunks (ring 4) do not split; the refusal
-// names the padded length and a length that works.
-TEST_F(Ring, RefusesAPaddedLengthTheZigzagCannotSplit) {
-  Config config = tiny_training_config("llama", 2, 4, 1);
-  config.train.seq_len = 57;
-  config.parallel.ring = 4;
-  try {
-    validate_for_world(config, 4);
-    ADD_FAILURE() << "seq_len 57 on sp 4 x ring 4 was accepted";
-  } catch (const ConfigError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("train.seq_len has length 57 (padded to 60 on parallel.sp=4)"),
-              std::string::npos)
-        << message;
-    EXPECT_NE(message.find("2 * parallel.ring=8"), std::string::npos) << message;
-    EXPECT_NE(message.find("e.g. use 64"), std::string::npos) << message;
+// The zigzag cuts the sequence into 2·ring equal chunks, so a length is padded to a multiple of
+// 2·ring as well as of sp (docs/parallelism.md, "Any length under any sp"): 60 tokens, which
+// sp 4 divides, are held as 64 on sp 4 x ring 4 (lcm(4, 8) = 8), 56 as 64 on sp 8 x ring 8
+// (lcm(8, 16) = 16), 57 as 60 or 64; each trains as one rank on the unpadded length does.
+TEST_F(Ring, LengthsTheZigzagCannotSplitArePaddedAndMatchOneRank) {
+  const int world_size = world().size();
+  for (const int64_t seq_len : {60, 56, 57}) {
+    for (int ring = 2; ring <= world_size; ring *= 2) {
+      if (world_size % ring != 0) continue;
+      Config config = tiny_training_config("llama", 2, world_size, 1);
+      config.train.seq_len = seq_len;
+      expect_matches_one_rank(with_ring(config, ring), world(),
+                              "seq_len " + std::to_string(seq_len) + " on sp " +
+                                  std::to_string(world_size) + " x ring " + std::to_string(ring));
+    }
   }
-  config.parallel.ring = 2;  // 60 splits into 4 chunks of 15
-  EXPECT_NO_THROW(validate_for_world(config, 4));
 }
 
 // 12 heads do not divide over 8 ranks: Ulysses alone refuses sp 8, and the refusal lists the
