@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "data/input_file.h"
@@ -42,6 +43,18 @@ CLI::Validator number_between(double low, double high) {
 
 CLI::Validator number_at_least(double low) {
   return number_check(low, HUGE_VAL, "a number >= " + shortest(low));
+}
+
+CLI::Validator unsigned_64_bit() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (text.empty() || error != std::errc() || end != text.data() + text.size())
+          return "must be an integer between 0 and 18446744073709551615, got '" + text + "'";
+        return "";
+      },
+      "UINT64");
 }
 
 CLI::Validator existing_folder() {

@@ -16,6 +16,9 @@ void add_color_option(CLI::App& app, std::string& color);
 // given overflows it; number_at_least has no upper bound (a double option).
 CLI::Validator number_between(double low, double high);
 CLI::Validator number_at_least(double low);
+// A whole number that fits 64 bits unsigned, read exactly (a seed): CLI11's own conversion
+// takes '-1' and values past 2^64 without a word.
+CLI::Validator unsigned_64_bit();
 
 // Paths said as data/input_file.h says them: a symbolic link loop or a FIFO is named as
 // such, not "does not exist".

@@ -48,8 +48,16 @@ int run_sample_command(int argc, char** argv) {
       ->required();
   app.add_option("--set", options.overrides, "override a config key (repeatable)");
   add_weight_source_options(app, options.weights);
-  CLI::Option* prompt = app.add_option("--prompt", options.prompt,
-                                       "text to continue, one token per byte (data.source: text)");
+  // An empty --prompt would silently mean no prompt: the synthetic task's queries.
+  CLI::Option* prompt =
+      app.add_option("--prompt", options.prompt,
+                     "text to continue, one token per byte (data.source: text)")
+          ->check(CLI::Validator(
+              [](std::string& text) {
+                return text.empty() ? std::string("is empty: there is no prompt to continue")
+                                    : std::string();
+              },
+              "TEXT", "non-empty"));
   std::string prompt_file;
   CLI::Option* prompt_from_file =
       app.add_option("--prompt-file", prompt_file,
@@ -69,7 +77,8 @@ int run_sample_command(int argc, char** argv) {
   app.add_option("--top-k", options.sampling.top_k,
                  "draw among the k most likely tokens only; 0 means all (default 0)")
       ->check(number_between(0, kLargestInt));
-  app.add_option("--seed", options.sampling.seed, "seed of the draws (default 0)");
+  app.add_option("--seed", options.sampling.seed, "seed of the draws (default 0)")
+      ->check(unsigned_64_bit());
   app.add_option("--sequences", options.sequences,
                  "synthetic task without a prompt: validation sequences to answer (default 1)")
       ->check(number_between(1, kLargestInt));
