@@ -1,7 +1,6 @@
 // The rules between a config and the job it runs in: the world size, sp, ring and head
 // chunks (validate_for_world), and where the sequence is padded (docs/parallelism.md).
 #include <algorithm>
-#include <numeric>
 
 #include "core/config/config.h"
 #include "core/config/config_error.h"
