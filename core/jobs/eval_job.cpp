@@ -61,10 +61,11 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   const std::string split = config.data.val_path.empty() ? "held-out" : "data.val_path";
   const int64_t sequences = int64_t(train.eval_steps) * train.batch_size * job.mesh.dp_size;
   if (options.json) {
-    nlohmann::json line = {{"weights", weights.path}, {"split", split},
-                           {"loss", result.loss},     {"perplexity", std::exp(result.loss)},
-                           {"tokens", result.tokens}, {"sequences", sequences},
-                           {"world", world.size()},   {"sp", job.mesh.sp_size}};
+    nlohmann::json line = {{"weights", weights.path},   {"split", split},
+                           {"loss", result.loss},       {"perplexity", std::exp(result.loss)},
+                           {"tokens", result.tokens},   {"sequences", sequences},
+                           {"world", world.size()},     {"sp", job.mesh.sp_size},
+                           {"ring", job.mesh.ring_size}};
     if (result.accuracy >= 0) line["accuracy"] = result.accuracy;
     std::cout << line.dump() << std::endl;
   } else {
