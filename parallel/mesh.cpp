@@ -15,6 +15,13 @@ int64_t padded_seq_local(int64_t seq_len, int sp, int ring) {
   return padded_seq_len(seq_len, sp, ring) / sp;
 }
 
+std::string mesh_text(int world_size, int sp, int ring) {
+  std::string text = "dp " + std::to_string(world_size / sp) + " x sp " + std::to_string(sp);
+  if (ring > 1)
+    text += " (Ulysses " + std::to_string(sp / ring) + " x ring " + std::to_string(ring) + ")";
+  return text;
+}
+
 Mesh make_mesh(Comm& world, int sp, int ring) {
   if (sp < 1 || world.size() % sp != 0)
     throw std::invalid_argument("parallel.sp = " + std::to_string(sp) +

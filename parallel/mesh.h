@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "parallel/comm.h"
 
@@ -39,6 +40,9 @@ Mesh make_mesh(Comm& world, int sp, int ring = 1);
 int64_t padded_seq_len(int64_t seq_len, int sp, int ring);
 // Tokens each rank of the SP group holds: padded_seq_len / sp.
 int64_t padded_seq_local(int64_t seq_len, int sp, int ring);
+
+// "dp 2 x sp 4", and with a ring "dp 2 x sp 4 (Ulysses 2 x ring 2)", for logs and reports.
+std::string mesh_text(int world_size, int sp, int ring);
 
 // What attention needs of a ring (parallel.ring > 1): the Ulysses group its all-to-alls run
 // over and the ring; both null without a ring (the all-to-alls then span the SP group).

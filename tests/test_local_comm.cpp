@@ -136,6 +136,13 @@ TEST(LocalComm, MeshOfOneRank) {
   EXPECT_THROW(make_mesh(*world, 0), std::invalid_argument);
 }
 
+// How logs and reports name a mesh: the ring only where there is one.
+TEST(LocalComm, MeshTextNamesTheRingWhereThereIsOne) {
+  EXPECT_EQ(mesh_text(8, 4, 1), "dp 2 x sp 4");
+  EXPECT_EQ(mesh_text(8, 4, 2), "dp 2 x sp 4 (Ulysses 2 x ring 2)");
+  EXPECT_EQ(mesh_text(4, 4, 4), "dp 1 x sp 4 (Ulysses 1 x ring 4)");
+}
+
 TEST(LocalComm, CopiesThroughTheBackendWhenGivenOne) {
   CpuBackend backend;
   auto comm = make_local_comm(backend, "sp");

@@ -10,6 +10,7 @@
 #include "core/jobs/job_session.h"
 #include "core/jobs/memory_fit.h"
 #include "parallel/agreement.h"
+#include "parallel/mesh.h"
 
 namespace ulysses {
 namespace {
@@ -71,9 +72,9 @@ EvalResult run_eval(const EvalOptions& options, Comm& world) {
   } else {
     const std::string accuracy =
         result.accuracy >= 0 ? fmt::format(" | acc {:5.1f}%", 100.0 * result.accuracy) : "";
-    spdlog::info("eval of {} on the {} split ({} sequences of {} tokens, world {} = dp {} x sp {})",
-                 weights.path, split, sequences, train.seq_len, world.size(), job.mesh.dp_size,
-                 job.mesh.sp_size);
+    spdlog::info("eval of {} on the {} split ({} sequences of {} tokens, world {} = {})",
+                 weights.path, split, sequences, train.seq_len, world.size(),
+                 mesh_text(world.size(), job.mesh.sp_size, job.mesh.ring_size));
     spdlog::info("eval loss {:.4f} | perplexity {:.3f} | {} tokens{}", result.loss,
                  std::exp(result.loss), result.tokens, accuracy);
   }

@@ -54,8 +54,9 @@ void print_plan(const Config& config, int world_size) {
   std::cout << "# model: " << name_of(config.model.family) << ", " << plan.num_params
             << " parameters (" << format_bytes(plan.num_params * 4) << " in fp32)\n";
   std::cout << "# " << checkpoint_disk_line(config, world_size) << "\n";
-  std::cout << "# world " << world_size << " = dp " << world_size / config.parallel.sp << " x sp "
-            << config.parallel.sp << "; each rank holds " << config.train.batch_size << " x "
+  std::cout << "# world " << world_size << " = "
+            << mesh_text(world_size, config.parallel.sp, config.parallel.ring)
+            << "; each rank holds " << config.train.batch_size << " x "
             << padded_seq_local(config.train.seq_len, config.parallel.sp, config.parallel.ring)
             << " tokens per micro-step\n";
   std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units << " units (largest "
@@ -157,11 +158,11 @@ void run_job(const JobOptions& options, Comm& world) {
   connect_job(job, world);
   Mesh& mesh = job.mesh;
   if (world.rank() == 0)
-    spdlog::info(
-        "ulysses-train {}: {} model, world {} = dp {} x sp {}, ZeRO stage {}, device {}, {}",
-        ulysses_version(), name_of(config.model.family), world.size(), mesh.dp_size, mesh.sp_size,
-        world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
-        job.progress_thread ? "a progress thread per rank" : "no progress thread");
+    spdlog::info("ulysses-train {}: {} model, world {} = {}, ZeRO stage {}, device {}, {}",
+                 ulysses_version(), name_of(config.model.family), world.size(),
+                 mesh_text(world.size(), mesh.sp_size, mesh.ring_size),
+                 world.size() > 1 ? config.parallel.zero_stage : 0, job.backend->name(),
+                 job.progress_thread ? "a progress thread per rank" : "no progress thread");
   if (world.rank() == 0)
     spdlog::info(
         "startup: config, backend and communicators ready in {:.2f} s, {:.2f} s after launch",

@@ -5,6 +5,7 @@
 
 #include "core/config/config.h"
 #include "core/plan/memory_plan.h"
+#include "parallel/mesh.h"
 
 namespace ulysses {
 
@@ -48,8 +49,10 @@ void print_memory_plan(std::ostream& out, const MemoryPlan& plan) {
 }
 
 void print_plan_point(std::ostream& out, const PlanPoint& point, const PlanTarget& target) {
+  const int ring =
+      point.loaded && point.sp % point.config.parallel.ring == 0 ? point.config.parallel.ring : 1;
   out << "== seq_len " << point.seq_len << ", sp " << point.sp << " (world " << target.world_size
-      << " = dp " << target.world_size / point.sp << " x sp " << point.sp << "), budget "
+      << " = " << mesh_text(target.world_size, point.sp, ring) << "), budget "
       << format_bytes(target.budget_bytes) << " per rank\n";
   if (!point.loaded) {
     out << "  cannot plan: " << point.verdict << "\n";
