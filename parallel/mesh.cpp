@@ -1,19 +1,9 @@
 #include "parallel/mesh.h"
 
-#include <numeric>
 #include <stdexcept>
 #include <string>
 
 namespace ulysses {
-
-int64_t padded_seq_len(int64_t seq_len, int sp, int ring) {
-  const int64_t multiple = ring > 1 ? std::lcm(int64_t(sp), int64_t(2 * ring)) : int64_t(sp);
-  return (seq_len + multiple - 1) / multiple * multiple;
-}
-
-int64_t padded_seq_local(int64_t seq_len, int sp, int ring) {
-  return padded_seq_len(seq_len, sp, ring) / sp;
-}
 
 std::string mesh_text(int world_size, int sp, int ring) {
   std::string text = "dp " + std::to_string(world_size / sp) + " x sp " + std::to_string(sp);

@@ -1,11 +1,11 @@
 // The dp × sp process mesh (docs/parallelism.md).
 #pragma once
 
-#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "parallel/comm.h"
+#include "parallel/sequence_padding.h"  // how a sequence splits over an SP group
 
 namespace ulysses {
 
@@ -32,14 +32,6 @@ struct Mesh {
 // Collective over world. Throws std::invalid_argument unless sp >= 1 divides world.size() and
 // ring >= 1 divides sp.
 Mesh make_mesh(Comm& world, int sp, int ring = 1);
-
-// The length a sequence of seq_len tokens is padded to on an SP group of sp ranks, ring of
-// them in a ring (ring divides sp): the next multiple of sp, and with ring > 1 also of 2·ring,
-// the zigzag's equal chunks (docs/parallelism.md, "Any length under any sp"). The padding is
-// a document of its own, so any length trains as it would on one rank.
-int64_t padded_seq_len(int64_t seq_len, int sp, int ring);
-// Tokens each rank of the SP group holds: padded_seq_len / sp.
-int64_t padded_seq_local(int64_t seq_len, int sp, int ring);
 
 // "dp 2 x sp 4", and with a ring "dp 2 x sp 4 (Ulysses 2 x ring 2)", for logs and reports.
 std::string mesh_text(int world_size, int sp, int ring);

@@ -7,7 +7,7 @@
 #include "core/config/config_reader.h"
 #include "core/config/seq_len_schedule.h"
 #include "parallel/head_chunks.h"
-#include "parallel/mesh.h"
+#include "parallel/sequence_padding.h"
 
 namespace ulysses {
 

@@ -4,7 +4,7 @@
 
 #include "kernels/stopwatch.h"
 #include "parallel/head_chunks.h"
-#include "parallel/mesh.h"
+#include "parallel/sequence_padding.h"
 
 namespace ulysses {
 

@@ -1,0 +1,18 @@
+// How long a sequence is once split over an SP group: lengths the ranks (and a ring's zigzag)
+// cannot split evenly are padded (docs/parallelism.md, "Any length under any sp"). Apart from
+// the mesh, so that the config's rules can use it without communicators.
+#pragma once
+
+#include <cstdint>
+
+namespace ulysses {
+
+// The length a sequence of seq_len tokens is padded to on an SP group of sp ranks, ring of
+// them in a ring (ring divides sp): the next multiple of sp, and with ring > 1 also of 2·ring,
+// the zigzag's equal chunks (docs/parallelism.md, "Any length under any sp"). The padding is
+// a document of its own, so any length trains as it would on one rank.
+int64_t padded_seq_len(int64_t seq_len, int sp, int ring);
+// Tokens each rank of the SP group holds: padded_seq_len / sp.
+int64_t padded_seq_local(int64_t seq_len, int sp, int ring);
+
+}  // namespace ulysses
