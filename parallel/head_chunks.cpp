@@ -2,6 +2,11 @@
 
 namespace ulysses {
 
+bool heads_fit_ulysses(int n_heads, int n_kv_heads, int ulysses) {
+  return ulysses >= 1 && n_kv_heads >= 1 && n_heads % ulysses == 0 &&
+         (n_kv_heads % ulysses == 0 || ulysses % n_kv_heads == 0);
+}
+
 std::vector<int> valid_head_chunks(int n_heads, int n_kv_heads, int sp) {
   std::vector<int> valid;
   if (sp < 1 || n_heads % sp != 0 || n_kv_heads < 1 || n_heads % n_kv_heads != 0) return valid;

@@ -4,8 +4,12 @@
 
 namespace ulysses {
 
+int64_t padding_multiple(int sp, int ring) {
+  return ring > 1 ? std::lcm(int64_t(sp), int64_t(2 * ring)) : int64_t(sp);
+}
+
 int64_t padded_seq_len(int64_t seq_len, int sp, int ring) {
-  const int64_t multiple = ring > 1 ? std::lcm(int64_t(sp), int64_t(2 * ring)) : int64_t(sp);
+  const int64_t multiple = padding_multiple(sp, ring);
   return (seq_len + multiple - 1) / multiple * multiple;
 }
 

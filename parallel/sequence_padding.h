@@ -7,10 +7,14 @@
 
 namespace ulysses {
 
+// The multiple a sequence is padded to on an SP group of sp ranks, ring of them in a ring
+// (ring divides sp): sp, and with ring > 1 also 2·ring, the zigzag's equal chunks, so
+// lcm(sp, 2·ring).
+int64_t padding_multiple(int sp, int ring);
 // The length a sequence of seq_len tokens is padded to on an SP group of sp ranks, ring of
-// them in a ring (ring divides sp): the next multiple of sp, and with ring > 1 also of 2·ring,
-// the zigzag's equal chunks (docs/parallelism.md, "Any length under any sp"). The padding is
-// a document of its own, so any length trains as it would on one rank.
+// them in a ring: the next multiple of padding_multiple(sp, ring) (docs/parallelism.md, "Any
+// length under any sp"). The padding is a document of its own, so any length trains as it
+// would on one rank.
 int64_t padded_seq_len(int64_t seq_len, int sp, int ring);
 // Tokens each rank of the SP group holds: padded_seq_len / sp.
 int64_t padded_seq_local(int64_t seq_len, int sp, int ring);

@@ -206,6 +206,10 @@ TEST(DocumentData, LengthsSpDoesNotDivideArePaddedUnscoredAndADocumentOfTheirOwn
   EXPECT_EQ(padded_seq_len(10, 4, 4), 16);
   EXPECT_EQ(padded_seq_len(16, 4, 4), 16);
   EXPECT_EQ(padded_seq_len(12, 6, 3), 12);
+  EXPECT_EQ(padding_multiple(4, 1), 4);
+  EXPECT_EQ(padding_multiple(4, 4), 8);
+  EXPECT_EQ(padding_multiple(6, 3), 6);
+  EXPECT_EQ(padding_multiple(6, 2), 12);
   const MicroBatch ring_micro = read_micro_batch(*dataset, 0, 1, 10, 2, 2, 1);
   EXPECT_EQ(ring_micro.seq_local, 6);
   EXPECT_EQ(ring_micro.pos_offset, 6);

@@ -45,13 +45,10 @@ void validate_for_world(const Config& config, int world_size) {
                       std::to_string(sp) + "; ring can be " + join_choices(divisors_of(sp)));
   // The head rules bind the Ulysses degree sp / ring only (heads are not split by the ring).
   const int ulysses = sp / ring;
-  const auto heads_fit = [&](int u) {
-    return n_heads % u == 0 && (n_kv_heads % u == 0 || u % n_kv_heads == 0);
-  };
-  if (ring > 1 && !heads_fit(ulysses)) {
+  if (ring > 1 && !heads_fit_ulysses(n_heads, n_kv_heads, ulysses)) {
     std::vector<std::string> working;
     for (int r = 1; r <= sp; ++r)
-      if (sp % r == 0 && heads_fit(sp / r))
+      if (sp % r == 0 && heads_fit_ulysses(n_heads, n_kv_heads, sp / r))
         working.push_back("(" + std::to_string(sp / r) + ", " + std::to_string(r) + ")");
     throw ConfigError(
         "model.n_heads=" + std::to_string(n_heads) +
@@ -89,7 +86,7 @@ void validate_for_world(const Config& config, int world_size) {
   // (docs/parallelism.md, "Any length under any sp"), masked as a document of its own, which
   // cuDNN's attention here cannot do.
   if (config.kernels.attention == AttentionKernel::cudnn && has_padding(config)) {
-    const int64_t multiple = padded_seq_len(1, sp, ring);
+    const int64_t multiple = padding_multiple(sp, ring);
     throw ConfigError("kernels.attention: cudnn cannot mask the padding of train.seq_len=" +
                       std::to_string(config.train.seq_len) + " (or a train.seq_len_schedule " +
                       "stage) on parallel.sp=" + std::to_string(sp) +

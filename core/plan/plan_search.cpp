@@ -14,6 +14,16 @@ int kv_heads_of(const Config& config) {
   return config.model.n_kv_heads == 0 ? config.model.n_heads : config.model.n_kv_heads;
 }
 
+// Heads are split over the Ulysses degree sp / ring only (docs/parallelism.md, "Ulysses ×
+// ring"). A ring that does not divide sp is refused with a message of its own, so the head
+// rules are then shown for sp alone.
+bool ring_divides(int sp, int ring) {
+  return ring > 1 && sp % ring == 0;
+}
+int ulysses_degree(int sp, int ring) {
+  return ring_divides(sp, ring) ? sp / ring : sp;
+}
+
 std::vector<std::string> with(std::vector<std::string> overrides,
                               const std::vector<std::string>& more) {
   overrides.insert(overrides.end(), more.begin(), more.end());
@@ -58,11 +68,10 @@ std::vector<OptionSet> option_ladder(const Config& config, int world_size) {
   }
   add("layer checkpointing", "memory.activation_checkpointing=layer");
   add("tiled MLP", "memory.tiled_mlp=auto");
-  // Heads are split over the Ulysses degree sp / ring only (docs/parallelism.md, "Ulysses ×
-  // ring"); a degree the heads do not fit has no chunks, and its point is refused elsewhere.
+  // A Ulysses degree the heads do not fit has no chunks; its point is refused elsewhere.
   const std::vector<int> chunks =
       valid_head_chunks(config.model.n_heads, kv_heads_of(config),
-                        config.parallel.sp / std::max(config.parallel.ring, 1));
+                        ulysses_degree(config.parallel.sp, config.parallel.ring));
   if (!chunks.empty() && chunks.back() > 1)
     add("head chunks " + std::to_string(chunks.back()),
         "parallel.head_chunks=" + std::to_string(chunks.back()));
@@ -178,11 +187,9 @@ std::vector<std::string> distinct_overrides(const std::vector<std::string>& over
 std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq_len, int sp) {
   const int heads = config.model.n_heads, kv = kv_heads_of(config);
   const int chunks = config.parallel.head_chunks;
-  // With a ring the head rules bind the Ulysses degree sp / ring (docs/parallelism.md,
-  // "Ulysses × ring"); a ring that does not divide sp is refused with a message of its own.
   const int ring = config.parallel.ring;
-  const bool with_ring = ring > 1 && sp % ring == 0;
-  const int ulysses = with_ring ? sp / ring : sp;
+  const bool with_ring = ring_divides(sp, ring);
+  const int ulysses = ulysses_degree(sp, ring);
   const std::string degree = (with_ring ? "sp/ring " : "sp ") + std::to_string(ulysses);
   auto status = [](bool ok) { return ok ? std::string("ok") : std::string("REFUSED"); };
   std::vector<std::string> lines;
@@ -196,14 +203,14 @@ std::vector<std::string> divisibility_verdicts(const Config& config, int64_t seq
   // The padding of docs/parallelism.md, "Any length under any sp": to a multiple of sp, and
   // with a ring of 2·ring too.
   const int64_t padded = padded_seq_len(seq_len, sp, with_ring ? ring : 1);
-  const int64_t multiple = padded_seq_len(1, sp, with_ring ? ring : 1);
+  const int64_t multiple = padding_multiple(sp, with_ring ? ring : 1);
   lines.push_back("seq_len " + std::to_string(seq_len) + " % " +
                   (with_ring ? std::to_string(multiple) + " (sp " + std::to_string(sp) +
                                    ", 2·ring " + std::to_string(2 * ring) + ")"
                              : "sp " + std::to_string(sp)) +
                   ": " +
                   (padded == seq_len ? std::string("ok") : "padded to " + std::to_string(padded)));
-  if (heads % ulysses == 0 && (kv % ulysses == 0 || ulysses % kv == 0)) {
+  if (heads_fit_ulysses(heads, kv, ulysses)) {
     const std::vector<int> valid = valid_head_chunks(heads, kv, ulysses);
     std::string choices;
     for (int u : valid) choices += (choices.empty() ? "" : ", ") + std::to_string(u);

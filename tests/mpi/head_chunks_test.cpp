@@ -52,5 +52,14 @@ TEST_F(HeadChunks, ValidStageCountsRespectKvGroups) {
   EXPECT_EQ(valid_head_chunks(32, 8, 4), (std::vector<int>{1, 2, 4, 8}));
 }
 
+TEST_F(HeadChunks, HeadsFitAUlyssesDegreeThatSplitsOrReplicatesTheKvHeads) {
+  EXPECT_TRUE(heads_fit_ulysses(32, 8, 4));   // kv heads split, 2 per rank
+  EXPECT_TRUE(heads_fit_ulysses(32, 8, 16));  // kv heads replicated, 2 ranks each
+  EXPECT_FALSE(heads_fit_ulysses(32, 8, 3));  // 3 does not divide the q heads
+  EXPECT_FALSE(heads_fit_ulysses(24, 8, 6));  // neither 8 % 6 nor 6 % 8
+  EXPECT_TRUE(heads_fit_ulysses(24, 8, 1));
+  EXPECT_FALSE(heads_fit_ulysses(8, 8, 0));
+}
+
 }  // namespace
 }  // namespace ulysses
