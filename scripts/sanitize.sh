@@ -8,10 +8,11 @@
 #   address  AddressSanitizer. A kernel that reads or writes global memory outside its tensors
 #            (a tile edge one row too far, even one whose values are masked) reads outside a
 #            host buffer here.
-# Each builds build-tsan/ or build-asan/ (clang, the tests' code instrumented, no CUDA) and runs
-# the emulated attention kernels, the emulation's hazard checks and the op table's column of
-# every kernel on the host; address also runs the emulated training steps (every kernel at a
-# model's shapes: 34 s here, too slow under thread). Exits 1 on a report or a failed test.
+# Builds build-sanitize/ (clang, no CUDA; the libraries once, uninstrumented, and the tests'
+# code once per sanitizer: <test>_tsan, <test>_asan, tests/CMakeLists.txt) and runs the
+# emulated attention kernels, the emulation's hazard checks and the op table's column of every
+# kernel on the host; address also runs the emulated training steps (every kernel at a model's
+# shapes: too slow under thread). Exits 1 on a report or a failed test.
 #
 # Usage: scripts/sanitize.sh [thread] [address]     (default: both)
 # Environment: SANITIZE_BUILD_JOBS (default: nproc).
@@ -30,35 +31,41 @@ if ! command -v clang++ >/dev/null; then
   echo "sanitize: clang++ not found; run scripts/setup.sh --all (it installs clang)" >&2
   exit 2
 fi
-kernel_tests=(test_cuda_attention_emulated test_cuda_emulation_hazards test_backend_ops)
+# The instrumented tests of each sanitizer, as tests/CMakeLists.txt names them.
+kernel_tests="test_cuda_attention_emulated test_cuda_emulation_hazards test_backend_ops"
+declare -A tests_of=(
+  [thread]="$(printf '%s_tsan ' $kernel_tests)"
+  [address]="$(printf '%s_asan ' $kernel_tests test_emulated_cuda_training)"
+)
 # One OpenMP and one OpenBLAS thread: their pools are not instrumented (the libraries are not,
 # tests/CMakeLists.txt), and the emulation's threads are the ones to check.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ignore_noninstrumented_modules=1 ${TSAN_OPTIONS:-}"
 export ASAN_OPTIONS="halt_on_error=1 detect_leaks=0 ${ASAN_OPTIONS:-}"
+build="build-sanitize"
+targets=()
+for sanitizer in "${sanitizers[@]}"; do
+  read -r -a tests <<<"${tests_of[$sanitizer]}"
+  targets+=("${tests[@]}")
+done
+start=$(date +%s)
+mkdir -p "$build"
+{
+  CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DULYSSES_CUDA=OFF &&
+    cmake --build "$build" --target "${targets[@]}" -j"${SANITIZE_BUILD_JOBS:-$(nproc)}"
+} >"$build/sanitize-build.log" 2>&1 || {
+  tail -n 40 "$build/sanitize-build.log" >&2
+  echo "sanitize: configuring or building $build failed (log: $build/sanitize-build.log)" >&2
+  exit 2
+}
+echo "sanitize: built ${targets[*]} in $(($(date +%s) - start)) s"
 failed=()
 for sanitizer in "${sanitizers[@]}"; do
-  build="build-tsan"
-  tests=("${kernel_tests[@]}")
-  if [ "$sanitizer" = address ]; then
-    build="build-asan"
-    tests+=(test_emulated_cuda_training)
-  fi
-  start=$(date +%s)
-  mkdir -p "$build"
-  {
-    CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DULYSSES_CUDA=OFF -DULYSSES_SANITIZE="$sanitizer" &&
-      cmake --build "$build" --target "${tests[@]}" -j"${SANITIZE_BUILD_JOBS:-$(nproc)}"
-  } >"$build/sanitize-build.log" 2>&1 || {
-    tail -n 40 "$build/sanitize-build.log" >&2
-    echo "sanitize: configuring or building $build failed (log: $build/sanitize-build.log)" >&2
-    exit 2
-  }
-  echo "sanitize ($sanitizer): built ${tests[*]} in $(($(date +%s) - start)) s"
+  read -r -a tests <<<"${tests_of[$sanitizer]}"
   for test in "${tests[@]}"; do
     filter="*"
-    [ "$test" = test_backend_ops ] && filter="*cuda_kernels_on_host*"
+    [[ "$test" = test_backend_ops_* ]] && filter="*cuda_kernels_on_host*"
     log="$build/$test.log"
     begin=$(date +%s)
     if "$build/tests/$test" --gtest_filter="$filter" >"$log" 2>&1; then
