@@ -38,6 +38,8 @@ declare -A tests_of=(
   [thread]="$(printf '%s_tsan ' $kernel_tests)"
   [address]="$(printf '%s_asan ' $kernel_tests test_emulated_cuda_training)"
 )
+# The build's jobs, counted before OMP_NUM_THREADS=1 is set below: nproc honours it.
+build_jobs=${SANITIZE_BUILD_JOBS:-$(nproc)}
 # One OpenMP and one OpenBLAS thread: their pools are not instrumented (the libraries are not,
 # tests/CMakeLists.txt), and the emulation's threads are the ones to check.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -54,7 +56,7 @@ mkdir -p "$build"
 {
   CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DULYSSES_CUDA=OFF &&
-    cmake --build "$build" --target "${targets[@]}" -j"${SANITIZE_BUILD_JOBS:-$(nproc)}"
+    cmake --build "$build" --target "${targets[@]}" -j"$build_jobs"
 } >"$build/sanitize-build.log" 2>&1 || {
   tail -n 40 "$build/sanitize-build.log" >&2
   echo "sanitize: configuring or building $build failed (log: $build/sanitize-build.log)" >&2
