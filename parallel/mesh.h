@@ -5,7 +5,6 @@
 #include <string>
 
 #include "parallel/comm.h"
-#include "parallel/sequence_padding.h"  // how a sequence splits over an SP group
 
 namespace ulysses {
 

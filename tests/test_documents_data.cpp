@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "data/synthetic.h"
 #include "data/token_stream.h"
+#include "parallel/sequence_padding.h"
 #include "tests/testing.h"
 
 namespace ulysses {

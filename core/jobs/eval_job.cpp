@@ -11,6 +11,7 @@
 #include "core/jobs/memory_fit.h"
 #include "parallel/agreement.h"
 #include "parallel/mesh.h"
+#include "parallel/sequence_padding.h"
 
 namespace ulysses {
 namespace {

@@ -24,6 +24,7 @@
 #include "kernels/stopwatch.h"
 #include "parallel/agreement.h"
 #include "parallel/mesh.h"
+#include "parallel/sequence_padding.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {

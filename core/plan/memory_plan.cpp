@@ -5,6 +5,7 @@
 #include "core/train/trainer.h"
 #include "kernels/planning_backend.h"
 #include "parallel/planning_comm.h"
+#include "parallel/sequence_padding.h"
 
 namespace ulysses {
 

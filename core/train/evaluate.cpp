@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "parallel/sequence_padding.h"
+
 namespace ulysses {
 
 MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence, int64_t batch,

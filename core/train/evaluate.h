@@ -21,9 +21,9 @@ struct EvalResult {
 
 // This rank's slice (sp_rank · seq_local onwards, seq_local = padded_seq_local of
 // parallel/sequence_padding.h) of `batch` consecutive sequences from first_sequence, with the
-// document starts of each whole sequence when the data has documents. Padding past seq_len is token
-// 0 with no target, and forms a document of its own: its positions start at 0 and nothing real
-// attends to it.
+// document starts of each whole sequence when the data has documents. Padding past seq_len is
+// token 0 with no target, and forms a document of its own: its positions start at 0 and nothing
+// real attends to it.
 MicroBatch read_micro_batch(Dataset& dataset, int64_t first_sequence, int64_t batch,
                             int64_t seq_len, int sp, int ring, int sp_rank);
 

@@ -19,6 +19,7 @@
 #include "kernels/stopwatch.h"
 #include "parallel/agreement.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/sequence_padding.h"
 #include "parallel/watchdog.h"
 
 namespace ulysses {

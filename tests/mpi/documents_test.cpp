@@ -16,6 +16,7 @@
 #include "core/train/evaluate.h"
 #include "parallel/head_chunks.h"
 #include "parallel/mesh.h"
+#include "parallel/sequence_padding.h"
 #include "tests/mpi/mpi_testing.h"
 #include "tests/mpi/trainer_testing.h"
 

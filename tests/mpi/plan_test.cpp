@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/planning_backend.h"
 #include "parallel/mesh.h"
+#include "parallel/sequence_padding.h"
 #include "tests/mpi/mpi_testing.h"
 
 namespace ulysses {
