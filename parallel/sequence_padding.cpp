@@ -17,4 +17,10 @@ int64_t padded_seq_local(int64_t seq_len, int sp, int ring) {
   return padded_seq_len(seq_len, sp, ring) / sp;
 }
 
+std::string tokens_per_rank_text(int64_t seq_len, int sp, int ring) {
+  const int64_t padded = padded_seq_len(seq_len, sp, ring);
+  const std::string per_rank = std::to_string(padded / sp) + " tokens per rank";
+  return padded == seq_len ? per_rank : "padded to " + std::to_string(padded) + ", " + per_rank;
+}
+
 }  // namespace ulysses

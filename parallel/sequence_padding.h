@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace ulysses {
 
@@ -18,5 +19,8 @@ int64_t padding_multiple(int sp, int ring);
 int64_t padded_seq_len(int64_t seq_len, int sp, int ring);
 // Tokens each rank of the SP group holds: padded_seq_len / sp.
 int64_t padded_seq_local(int64_t seq_len, int sp, int ring);
+// For the log: "63 tokens per rank", and where the length is padded "padded to 252, 63 tokens
+// per rank", so a user sees the padding they did not ask for.
+std::string tokens_per_rank_text(int64_t seq_len, int sp, int ring);
 
 }  // namespace ulysses

@@ -211,6 +211,8 @@ TEST(DocumentData, LengthsSpDoesNotDivideArePaddedUnscoredAndADocumentOfTheirOwn
   EXPECT_EQ(padding_multiple(4, 4), 8);
   EXPECT_EQ(padding_multiple(6, 3), 6);
   EXPECT_EQ(padding_multiple(6, 2), 12);
+  EXPECT_EQ(tokens_per_rank_text(16, 4, 1), "4 tokens per rank");
+  EXPECT_EQ(tokens_per_rank_text(10, 4, 4), "padded to 16, 4 tokens per rank");
   const MicroBatch ring_micro = read_micro_batch(*dataset, 0, 1, 10, 2, 2, 1);
   EXPECT_EQ(ring_micro.seq_local, 6);
   EXPECT_EQ(ring_micro.pos_offset, 6);

@@ -59,7 +59,12 @@ void print_plan(const Config& config, int world_size) {
             << mesh_text(world_size, config.parallel.sp, config.parallel.ring)
             << "; each rank holds " << config.train.batch_size << " x "
             << padded_seq_local(config.train.seq_len, config.parallel.sp, config.parallel.ring)
-            << " tokens per micro-step\n";
+            << " tokens per micro-step";
+  const int64_t padded_len =
+      padded_seq_len(config.train.seq_len, config.parallel.sp, config.parallel.ring);
+  if (padded_len != config.train.seq_len)
+    std::cout << " (train.seq_len " << config.train.seq_len << " padded to " << padded_len << ")";
+  std::cout << "\n";
   std::cout << "# ZeRO stage " << plan.zero_stage << ": " << plan.zero_units << " units (largest "
             << plan.largest_unit << " parameters, bucket_mb " << config.parallel.bucket_mb
             << "); each rank owns " << plan.shard_numel << " parameters of state\n";
@@ -201,10 +206,9 @@ void run_job(const JobOptions& options, Comm& world) {
                  resume_folder.empty() ? "model.init_from" : "the checkpoint", loading.seconds());
   if (world.rank() == 0)
     spdlog::info(
-        "{} parameters; seq_len {} ({} tokens per rank), batch {} x grad_accum {}; loss tiles of "
-        "{} tokens{}",
+        "{} parameters; seq_len {} ({}), batch {} x grad_accum {}; loss tiles of {} tokens{}",
         trainer.model().num_params(), config.train.seq_len,
-        padded_seq_local(config.train.seq_len, mesh.sp_size, mesh.ring_size),
+        tokens_per_rank_text(config.train.seq_len, mesh.sp_size, mesh.ring_size),
         config.train.batch_size, config.train.grad_accum, trainer.model().loss_tile_tokens(),
         config.memory.loss_tile_tokens == 0 ? " (memory.loss_tile_tokens: auto)" : "");
   trainer.run();

@@ -127,10 +127,9 @@ void Trainer::follow_seq_len_schedule() {
       [&](int64_t begin, int64_t count, float* out) { stored.read(begin, count, out); });
   open_data();
   if (mesh_.world->rank() == 0)
-    spdlog::info(
-        "seq_len {} x batch {} -> {} x {} from step {} (train.seq_len_schedule): {} tokens per "
-        "rank",
-        previous_len, previous_batch, seq_len_, batch_size_, step_ + 1, seq_local_);
+    spdlog::info("seq_len {} x batch {} -> {} x {} from step {} (train.seq_len_schedule): {}",
+                 previous_len, previous_batch, seq_len_, batch_size_, step_ + 1,
+                 tokens_per_rank_text(seq_len_, mesh_.sp_size, mesh_.ring_size));
 }
 
 void Trainer::check_same_data(const Dataset& dataset, const char* split) const {
