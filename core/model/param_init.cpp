@@ -65,6 +65,19 @@ constexpr double factorial(int n) {
   return sign * (odd * sin_r + (1.0 - odd) * cos_r);
 }
 
+// double(x) for x < 2^52, exactly: the double 2^52 + x has x as its fraction bits. AVX2 has no
+// instruction that converts 64-bit integers (AVX-512 has), so a loop that converts them with a
+// cast is not vectorized for it.
+[[gnu::always_inline]] inline double small_to_double(uint64_t x) {
+  return std::bit_cast<double>(x | std::bit_cast<uint64_t>(0x1p52)) - 0x1p52;
+}
+
+// double(x) for x < 2^53, exactly: twice its top 52 bits plus its last, each part and the sum
+// exact below 2^53.
+[[gnu::always_inline]] inline double exact_double(uint64_t x) {
+  return 2.0 * small_to_double(x >> 1) + small_to_double(x & 1);
+}
+
 // approximate_log, inlined where the samples' loop is vectorized. u = m · 2^e with m in
 // (√2/2, √2], and log m = 2 atanh f = 2 (f + f^3/3 + f^5/5 + ...) with f = (m - 1)/(m + 1),
 // |f| <= 0.1716. For u in (0, 1] (normal): m - 1 is exact, f off by two roundings, the series
@@ -79,10 +92,12 @@ constexpr double factorial(int n) {
   constexpr uint64_t kFractionBits = (uint64_t(1) << 52) - 1;
   constexpr uint64_t kExponentOfOne = uint64_t(1023) << 52;
   const uint64_t bits = std::bit_cast<uint64_t>(u);
-  const double fraction = std::bit_cast<double>((bits & kFractionBits) | kExponentOfOne);
-  const bool above_sqrt2 = fraction > M_SQRT2;
-  const double m = above_sqrt2 ? 0.5 * fraction : fraction;
-  const double exponent = double(int64_t(bits >> 52) - 1023 + int64_t(above_sqrt2));
+  const uint64_t fraction_bits = (bits & kFractionBits) | kExponentOfOne;
+  const uint64_t above_sqrt2 = uint64_t(std::bit_cast<double>(fraction_bits) > M_SQRT2);
+  // Halved by lowering its exponent: the same double as 0.5 · fraction, without a select that
+  // keeps AVX2 from vectorizing the loop.
+  const double m = std::bit_cast<double>(fraction_bits - (above_sqrt2 << 52));
+  const double exponent = small_to_double((bits >> 52) + above_sqrt2) - 1023.0;
   const double f = (m - 1.0) / (m + 1.0);
   const double f2 = f * f;
   const double series =
@@ -138,7 +153,7 @@ double normal_of_key(uint64_t key, uint64_t counter) {
 //
 // Built for AVX-512, AVX2 and the baseline, chosen at load time. The contractions into FMA
 // that AVX2 allows touch only the polynomials (their single rounding keeps them within their
-// bounds); the weight's own products have no sum.
+// bounds) and exact_double (exact either way); the weight's own products have no sum.
 [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]] void normal_block(
     uint64_t key, uint64_t counter, int64_t n, double stddev, float* out) {
   int32_t undecided[kBlock];
@@ -146,9 +161,8 @@ double normal_of_key(uint64_t key, uint64_t counter) {
     const uint64_t at = counter + uint64_t(i);
     const uint64_t first = mix(key + (2 * at + 1) * kGoldenGamma);
     const uint64_t second = mix(key + (2 * at + 2) * kGoldenGamma);
-    // Below 2^53 the signed conversion, the one x86-64 has an instruction for, is exact too.
-    const double u1 = (double(int64_t(first >> 11)) + 1.0) * 0x1.0p-53;
-    const double u2 = double(int64_t(second >> 11)) * 0x1.0p-53;
+    const double u1 = (exact_double(first >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = exact_double(second >> 11) * 0x1.0p-53;
     const double radius = std::sqrt(-2.0 * log_of_unit(u1));
     const double cosine = cos_of_angle(2.0 * M_PI * u2);
     const float low = float(radius * (cosine - kMargin) * stddev);
