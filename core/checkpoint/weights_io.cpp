@@ -386,6 +386,17 @@ void open_weights(const std::string& given, const ModelConfig& model, const Para
          kCheckpointManifestFile + " (a ulysses checkpoint), " + kHfConfigFile +
          " (a Hugging Face Llama model) nor an intact checkpoint step folder");
   }
+  // A .safetensors or .json file of a folder the option takes (its model.safetensors,
+  // config.json, manifest.json): name the folder rather than fail on the file as an llm.c
+  // checkpoint.
+  const fs::path file(path);
+  const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  const bool folder_file = file.extension() == ".safetensors" || file.extension() == ".json";
+  for (const char* marker : {kCheckpointManifestFile, kHfConfigFile})
+    if (folder_file && fs::is_regular_file(folder / marker, error))
+      fail("model.init_from " + in_quotes(path) + " is a file of the " +
+           (marker == kHfConfigFile ? "Hugging Face Llama model" : "ulysses checkpoint") + " " +
+           in_quotes(folder.string()) + ": give the folder");
   open_llmc(path, model, table, files);
 }
 
