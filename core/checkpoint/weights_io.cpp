@@ -392,13 +392,13 @@ void open_weights(const std::string& given, const ModelConfig& model, const Para
   // checkpoint.
   const fs::path file(path);
   const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-  const bool folder_file = file.extension() == ".safetensors" || file.extension() == ".json";
   const std::pair<const char*, const char*> folder_kinds[] = {
       {kCheckpointManifestFile, "ulysses checkpoint"}, {kHfConfigFile, "Hugging Face Llama model"}};
-  for (const auto& [marker, kind] : folder_kinds)
-    if (folder_file && fs::is_regular_file(folder / marker, error))
-      fail("model.init_from " + in_quotes(path) + " is a file of the " + kind + " " +
-           in_quotes(folder.string()) + ": give the folder");
+  if (file.extension() == ".safetensors" || file.extension() == ".json")
+    for (const auto& [marker, kind] : folder_kinds)
+      if (fs::is_regular_file(folder / marker, error))
+        fail("model.init_from " + in_quotes(path) + " is a file of the " + kind + " " +
+             in_quotes(folder.string()) + ": give the folder");
   open_llmc(path, model, table, files);
 }
 
