@@ -1,9 +1,10 @@
 // ulysses-bench-attention: causal attention forward and backward on the cuda backend, the
 // native kernels against cuDNN's, device-timed apart (docs/cuda.md, "Attention on tensor
 // cores"): per head dim and sequence length, ms per call, TFLOP/s and native's throughput as
-// a share of cuDNN's. scripts/gpu-check.sh runs it.
-//   ulysses-bench-attention [seq,seq,...] [dim,dim,...]
-// Defaults: 8192,32768 tokens, head dims 64 and 128, batch 1, the Llama-1B width (2048 =
+// a share of cuDNN's. scripts/gpu-check.sh runs it. With --device cpu: the cpu backend's
+// kernels alone, host-timed, in GFLOP/s (docs/performance.md, "Where the time goes").
+//   ulysses-bench-attention [--device cpu|cuda] [seq,seq,...] [dim,dim,...]
+// Defaults: cuda, 8192,32768 tokens, head dims 64 and 128, batch 1, the Llama-1B width (2048 =
 // q heads · head dim) with 4 q heads per kv head.
 #include <algorithm>
 #include <cstdio>
@@ -33,9 +34,9 @@ struct Timing {
 
 // The best of three calls after a warm-up, each in its own profiler phase so that its time is
 // where the device ran it.
-Timing time_attention(AttentionKernel kernel, int64_t seq, int64_t dim) {
+Timing time_attention(BackendKind device, AttentionKernel kernel, int64_t seq, int64_t dim) {
   const int64_t q_heads = 2048 / dim, kv_heads = std::max<int64_t>(1, q_heads / 4);
-  auto backend = make_backend(BackendKind::cuda, 0, kernel);
+  auto backend = make_backend(device, 0, kernel);
   const DType dtype = backend->compute_dtype();
   auto alloc = [&](int64_t heads, const char* name) {
     return backend->alloc(MemCategory::activations, dtype, {1, seq, heads, dim}, name);
@@ -83,11 +84,40 @@ Timing time_attention(AttentionKernel kernel, int64_t seq, int64_t dim) {
 
 }  // namespace
 
+constexpr const char* kUsage = "usage: ulysses-bench-attention [--device cpu|cuda] [seqs] [dims]\n";
+
+// The cpu backend's attention alone: one kernel, timed on the host.
+int bench_cpu(const std::vector<int64_t>& seqs, const std::vector<int64_t>& dims) {
+  std::printf(
+      "causal attention on the cpu backend, batch 1, q heads · head dim = 2048, 4 q heads per kv "
+      "head; best of 3 calls\n");
+  std::printf("%5s %7s | %10s %8s | %10s %8s\n", "dim", "tokens", "fwd ms", "GFLOP/s", "bwd ms",
+              "GFLOP/s");
+  for (int64_t dim : dims)
+    for (int64_t seq : seqs) {
+      const double forward_flops = 2.0 * double(seq) * double(seq) * 2048.0;
+      const Timing cpu = time_attention(BackendKind::cpu, AttentionKernel::native, seq, dim);
+      std::printf("%5lld %7lld | %10.1f %8.1f | %10.1f %8.1f\n", (long long)dim, (long long)seq,
+                  cpu.forward_ms, forward_flops / cpu.forward_ms * 1e-6, cpu.backward_ms,
+                  2.5 * forward_flops / cpu.backward_ms * 1e-6);
+    }
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  const std::vector<int64_t> seqs = parse_list(argc > 1 ? argv[1] : "8192,32768");
-  const std::vector<int64_t> dims = parse_list(argc > 2 ? argv[2] : "64,128");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  BackendKind device = BackendKind::cuda;
+  if (!args.empty() && args[0] == "--device") {
+    if (args.size() < 2 || (args[1] != "cpu" && args[1] != "cuda"))
+      return std::fprintf(stderr, "%s", kUsage), 2;
+    device = args[1] == "cpu" ? BackendKind::cpu : BackendKind::cuda;
+    args.erase(args.begin(), args.begin() + 2);
+  }
+  if (args.size() > 2) return std::fprintf(stderr, "%s", kUsage), 2;
+  const std::vector<int64_t> seqs = parse_list(args.size() > 0 ? args[0].c_str() : "8192,32768");
+  const std::vector<int64_t> dims = parse_list(args.size() > 1 ? args[1].c_str() : "64,128");
   for (int64_t value : seqs)
-    if (value < 1) return std::fprintf(stderr, "usage: ulysses-bench-attention [seqs] [dims]\n"), 2;
+    if (value < 1) return std::fprintf(stderr, "%s", kUsage), 2;
   for (int64_t value : dims)
     if (value < 8 || value > 128 || 2048 % value != 0)
       return std::fprintf(stderr,
@@ -95,6 +125,7 @@ int main(int argc, char** argv) {
                           "or is outside 8..128\n",
                           (long long)value),
              2;
+  if (device == BackendKind::cpu) return bench_cpu(seqs, dims);
   std::printf(
       "causal attention, batch 1, q heads · head dim = 2048, 4 q heads per kv head; "
       "best of 3 calls, device time\n");
@@ -106,11 +137,11 @@ int main(int argc, char** argv) {
       // Causal: half of the 4·T²·d·H multiply-adds of Q·Kᵀ and P·V; backward 2.5× forward.
       const double forward_flops = 2.0 * double(seq) * double(seq) * 2048.0;
       try {
-        const Timing native = time_attention(AttentionKernel::native, seq, dim);
+        const Timing native = time_attention(BackendKind::cuda, AttentionKernel::native, seq, dim);
         Timing cudnn{0.0, 0.0, false};
         std::string cudnn_problem;
         try {
-          cudnn = time_attention(AttentionKernel::cudnn, seq, dim);
+          cudnn = time_attention(BackendKind::cuda, AttentionKernel::cudnn, seq, dim);
         } catch (const std::exception& error) {
           cudnn_problem = error.what();
         }

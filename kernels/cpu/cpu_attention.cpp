@@ -73,15 +73,6 @@ void load_rows(float* tile, const float* src, int64_t stride, int64_t rows, int6
   }
 }
 
-// tile[c][r] = src[r·stride + c], the transposed layout [pdim][kTile], zero-padded.
-void load_columns(float* tile, const float* src, int64_t stride, int64_t rows, int64_t dim,
-                  int64_t pdim) {
-  if (rows < kTile || dim < pdim) std::fill(tile, tile + pdim * kTile, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < dim; ++c) tile[c * kTile + r] = src[r * stride + c];
-  }
-}
-
 // The tile loops below are compiled twice, for AVX2 + FMA and for the baseline the project
 // builds for (x86-64-v2), and the loader picks the one the CPU runs: 256-bit vectors and FMA
 // double their speed. Each machine always uses the same one, so results stay bit-identical
@@ -97,36 +88,97 @@ void load_columns(float* tile, const float* src, int64_t stride, int64_t rows, i
 // Every tile is 64-byte aligned with rows of whole multiples of 16 floats, so tiles can be
 // read as Vec8 directly.
 typedef float Vec8 __attribute__((vector_size(32), may_alias));
+// The same, at any float's address: rows of the inputs.
+typedef float UnalignedVec8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t Lanes8 __attribute__((vector_size(32)));
+
+// out[c·out_stride + r] = in[r·in_stride + c] for r, c < 8: eight rows in registers, transposed by
+// shuffles (pairs of rows interleaved, then pairs of pairs, then the 128-bit halves).
+inline __attribute__((always_inline)) void transpose_8x8(float* out, int64_t out_stride,
+                                                         const float* in, int64_t in_stride) {
+  Vec8 row[8], pair[8], quad[8];
+  for (int r = 0; r < 8; ++r) row[r] = *reinterpret_cast<const UnalignedVec8*>(in + r * in_stride);
+  const Lanes8 low_pairs = {0, 8, 1, 9, 4, 12, 5, 13}, high_pairs = {2, 10, 3, 11, 6, 14, 7, 15};
+  const Lanes8 low_quads = {0, 1, 8, 9, 4, 5, 12, 13}, high_quads = {2, 3, 10, 11, 6, 7, 14, 15};
+  const Lanes8 low_halves = {0, 1, 2, 3, 8, 9, 10, 11}, high_halves = {4, 5, 6, 7, 12, 13, 14, 15};
+  for (int r = 0; r < 8; r += 2) {
+    pair[r] = __builtin_shuffle(row[r], row[r + 1], low_pairs);
+    pair[r + 1] = __builtin_shuffle(row[r], row[r + 1], high_pairs);
+  }
+  // quad[q + 4·h]: columns q and q + 4 of rows 4h..4h+3.
+  for (int h = 0; h < 2; ++h) {
+    const Vec8* pairs = pair + 4 * h;
+    quad[4 * h + 0] = __builtin_shuffle(pairs[0], pairs[2], low_quads);
+    quad[4 * h + 1] = __builtin_shuffle(pairs[0], pairs[2], high_quads);
+    quad[4 * h + 2] = __builtin_shuffle(pairs[1], pairs[3], low_quads);
+    quad[4 * h + 3] = __builtin_shuffle(pairs[1], pairs[3], high_quads);
+  }
+  for (int q = 0; q < 4; ++q) {
+    *reinterpret_cast<UnalignedVec8*>(out + q * out_stride) =
+        __builtin_shuffle(quad[q], quad[q + 4], low_halves);
+    *reinterpret_cast<UnalignedVec8*>(out + (q + 4) * out_stride) =
+        __builtin_shuffle(quad[q], quad[q + 4], high_halves);
+  }
+}
+
+// tile[c][r] = src[r·stride + c], the transposed layout [pdim][kTile], zero-padded: 8 × 8
+// blocks transposed in registers, the edges one element at a time.
+ULYSSES_TILE_KERNEL void load_columns(float* tile, const float* src, int64_t stride, int64_t rows,
+                                      int64_t dim, int64_t pdim) {
+  if (rows < kTile || dim < pdim) std::fill(tile, tile + pdim * kTile, 0.0f);
+  const int64_t block_rows = rows / 8 * 8, block_columns = dim / 8 * 8;
+  for (int64_t r = 0; r < block_rows; r += 8)
+    for (int64_t c = 0; c < block_columns; c += 8)
+      transpose_8x8(tile + c * kTile + r, kTile, src + r * stride + c, stride);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first_column = r < block_rows ? block_columns : 0;
+    for (int64_t c = first_column; c < dim; ++c) tile[c * kTile + r] = src[r * stride + c];
+  }
+}
+
+// Rows i0 .. i0 + kRows − 1, columns j0 .. j0 + 15 of tile_matmul's c, held in registers while
+// p runs: every element is the same chain of multiply-adds over p in order, whatever the block.
+template <int kRows>
+inline __attribute__((always_inline)) void tile_matmul_block(float* c, const float* a,
+                                                             int64_t a_row, int64_t a_col,
+                                                             const float* b, int64_t n, int64_t k,
+                                                             bool accumulate, int64_t i0,
+                                                             int64_t j0) {
+  Vec8 acc[kRows][2] = {};
+  for (int r = 0; r < kRows && accumulate; ++r) {
+    const Vec8* c_row = reinterpret_cast<const Vec8*>(c + (i0 + r) * n + j0);
+    acc[r][0] = c_row[0];
+    acc[r][1] = c_row[1];
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    const Vec8* b_row = reinterpret_cast<const Vec8*>(b + p * n + j0);
+    for (int r = 0; r < kRows; ++r) {
+      const float a_ip = a[(i0 + r) * a_row + p * a_col];
+      acc[r][0] += a_ip * b_row[0];
+      acc[r][1] += a_ip * b_row[1];
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    Vec8* c_row = reinterpret_cast<Vec8*>(c + (i0 + r) * n + j0);
+    c_row[0] = acc[r][0];
+    c_row[1] = acc[r][1];
+  }
+}
 
 // c[i][j] (+)= Σ_p a(i, p) · b[p][j] for i < kTile, j < n (a multiple of 16), p < k, where
 // a(i, p) = a[i·a_row + p·a_col]: (a_row, a_col) = (k, 1) reads a as [kTile][k], and
 // (1, kTile) reads it transposed from [k][kTile]. Adds to c when accumulate is set,
-// overwrites it otherwise.
+// overwrites it otherwise. Blocks of 6 × 16 keep 12 sums in flight, enough to hide the
+// multiply-add's latency on two FMA units; the 4 rows left over from 64 take a 4 × 16 block.
 ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, int64_t a_col,
                                      const float* b, int64_t n, int64_t k, bool accumulate) {
-  constexpr int64_t kRows = 4;
-  for (int64_t i0 = 0; i0 < kTile; i0 += kRows) {
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      Vec8 acc[kRows][2] = {};
-      for (int64_t r = 0; r < kRows && accumulate; ++r) {
-        const Vec8* c_row = reinterpret_cast<const Vec8*>(c + (i0 + r) * n + j0);
-        acc[r][0] = c_row[0];
-        acc[r][1] = c_row[1];
-      }
-      for (int64_t p = 0; p < k; ++p) {
-        const Vec8* b_row = reinterpret_cast<const Vec8*>(b + p * n + j0);
-        for (int64_t r = 0; r < kRows; ++r) {
-          const float a_ip = a[(i0 + r) * a_row + p * a_col];
-          acc[r][0] += a_ip * b_row[0];
-          acc[r][1] += a_ip * b_row[1];
-        }
-      }
-      for (int64_t r = 0; r < kRows; ++r) {
-        Vec8* c_row = reinterpret_cast<Vec8*>(c + (i0 + r) * n + j0);
-        c_row[0] = acc[r][0];
-        c_row[1] = acc[r][1];
-      }
-    }
+  constexpr int kRows = 6;
+  constexpr int64_t kBlockedRows = kTile / kRows * kRows;
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    for (int64_t i0 = 0; i0 < kBlockedRows; i0 += kRows)
+      tile_matmul_block<kRows>(c, a, a_row, a_col, b, n, k, accumulate, i0, j0);
+    tile_matmul_block<kTile - kBlockedRows>(c, a, a_row, a_col, b, n, k, accumulate, kBlockedRows,
+                                            j0);
   }
 }
 
