@@ -1,6 +1,7 @@
 // What scripts/gpu-check.sh runs beside the GPU tests, run here on the cpu so that a GPU
 // session does not find their bugs: ulysses-bench-gemm (its --shapes form; also the square
-// form scripts/bench-cpu.sh reads) and the table of scripts/gpu_table.py.
+// form scripts/bench-cpu.sh reads), ulysses-bench-attention's arguments (and its cpu form) and
+// the table of scripts/gpu_table.py.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -19,6 +20,7 @@ using testing::TempDir;
 
 const std::string kBench = ULYSSES_BENCH_GEMM_BIN;
 const std::string kTrain = ULYSSES_TRAIN_BIN;
+const std::string kBenchAttention = ULYSSES_BENCH_ATTENTION_BIN;
 
 // Shapes whose operands differ in every dimension and layout: a buffer made with the wrong
 // extent for its transpose fails the backend's shape contract and the run.
@@ -51,6 +53,28 @@ TEST(BenchGemm, ABadShapeIsNamed) {
   const auto missing = run_command(kBench + " --device cpu");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_MENTIONS(missing.output, "--device needs --shapes");
+}
+
+// A partial tile (100 tokens) and two head dims: a row each, with its times and rates.
+TEST(BenchAttention, TheCpuFormTimesEachLengthAndHeadDim) {
+  const auto result = run_command(kBenchAttention + " --device cpu 100,64 16,32");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_MENTIONS(result.output, "causal attention on the cpu backend");
+  for (const char* row :
+       {"   16     100 | ", "   16      64 | ", "   32     100 | ", "   32      64 | "})
+    EXPECT_MENTIONS(result.output, row);
+}
+
+TEST(BenchAttention, BadArgumentsAreNamed) {
+  for (const char* args :
+       {"--device tpu", "--device", "--device cpu 64 16 extra", "--device cpu 0"}) {
+    const auto result = run_command(kBenchAttention + " " + args);
+    EXPECT_EQ(result.exit_code, 2) << args << ": " << result.output;
+    EXPECT_MENTIONS(result.output, "usage: ulysses-bench-attention");
+  }
+  const auto dim = run_command(kBenchAttention + " --device cpu 64 12");
+  EXPECT_EQ(dim.exit_code, 2) << dim.output;
+  EXPECT_MENTIONS(dim.output, "head dim 12 does not divide 2048");
 }
 
 // The table on a one-layer model at 128 and 256 tokens, on the cpu: every run trains (on the
