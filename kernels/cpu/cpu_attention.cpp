@@ -84,7 +84,7 @@ void load_rows(float* tile, const float* src, int64_t stride, int64_t rows, int6
 #endif
 
 // Eight floats: one AVX register, or two SSE registers in the baseline build. The product
-// below keeps a 4 × 16 block of c in registers, which plain loops do not get from GCC.
+// below keeps a 6 × 16 block of c in registers, which plain loops do not get from GCC.
 // Every tile is 64-byte aligned with rows of whole multiples of 16 floats, so tiles can be
 // read as Vec8 directly.
 typedef float Vec8 __attribute__((vector_size(32), may_alias));
