@@ -197,6 +197,20 @@ int64_t first_visible_key(const int64_t* row_start, int64_t row, int64_t key0) {
   return row_start ? std::max<int64_t>(row_start[row] - key0, 0) : 0;
 }
 
+// The run of keys of a key tile that the tile's query row i sees: [first, end), empty when
+// first >= end. As 32-bit integers (a tile has 64 keys) the loops' masks compare eight lanes
+// per instruction on AVX2 instead of four.
+struct VisibleRun {
+  int32_t first, end;
+};
+
+VisibleRun visible_run(const int64_t* row_start, int64_t q0, int64_t q_rows, int64_t k0,
+                       int64_t k_rows, int64_t i) {
+  if (i >= q_rows) return {0, 0};
+  return {int32_t(std::min(first_visible_key(row_start, i, k0), kTile)),
+          int32_t(visible_keys(q0 + i, k0, k_rows))};
+}
+
 // Tiles are visited only where the causal rule can make a key visible: a key tile starting
 // after a query tile's last query is skipped (the document rule skips the tiles before the
 // first query's document where the loops begin).
@@ -225,27 +239,27 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
   constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = scores + i * kTile;
-    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
-    const int64_t first = i < q_rows ? first_visible_key(row_start, i, k0) : 0;
-    if (visible <= first) {
+    const VisibleRun keys = visible_run(row_start, q0, q_rows, k0, k_rows, i);
+    if (keys.end <= keys.first) {
       std::fill(p, p + kTile, 0.0f);
       continue;
     }
     // The loops compute every lane and select with masks (cpu_common.h), so they vectorise.
     float tile_max = kMinusInfinity;
 #pragma omp simd reduction(max : tile_max)
-    for (int64_t j = 0; j < kTile; ++j) {
+    for (int32_t j = 0; j < int32_t(kTile); ++j) {
       const float score = p[j];
       tile_max = cpu::vector_max(
-          tile_max, cpu::select(cpu::mask_if(j >= first && j < visible), score, kMinusInfinity));
+          tile_max,
+          cpu::select(cpu::mask_if(j >= keys.first && j < keys.end), score, kMinusInfinity));
     }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < kTile; ++j) {
-      const float value =
-          cpu::select(cpu::mask_if(j >= first && j < visible), cpu::fast_exp(p[j] - new_max), 0.0f);
+    for (int32_t j = 0; j < int32_t(kTile); ++j) {
+      const float value = cpu::select(cpu::mask_if(j >= keys.first && j < keys.end),
+                                      cpu::fast_exp(p[j] - new_max), 0.0f);
       p[j] = value;
       sum += value;
     }
@@ -266,13 +280,12 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = probs + i * kTile;
     float* dp = dprobs + i * kTile;
-    const int64_t visible = i < q_rows ? visible_keys(q0 + i, k0, k_rows) : 0;
-    const int64_t first = i < q_rows ? first_visible_key(row_start, i, k0) : 0;
+    const VisibleRun keys = visible_run(row_start, q0, q_rows, k0, k_rows, i);
     const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
-    for (int64_t j = 0; j < kTile; ++j) {
-      const float prob =
-          cpu::select(cpu::mask_if(j >= first && j < visible), cpu::fast_exp(p[j] - row_lse), 0.0f);
+    for (int32_t j = 0; j < int32_t(kTile); ++j) {
+      const float prob = cpu::select(cpu::mask_if(j >= keys.first && j < keys.end),
+                                     cpu::fast_exp(p[j] - row_lse), 0.0f);
       p[j] = prob;
       dp[j] = prob * (dp[j] - row_d);
     }
