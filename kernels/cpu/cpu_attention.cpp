@@ -168,8 +168,9 @@ inline __attribute__((always_inline)) void tile_matmul_block(float* c, const flo
 // c[i][j] (+)= Σ_p a(i, p) · b[p][j] for i < kTile, j < n (a multiple of 16), p < k, where
 // a(i, p) = a[i·a_row + p·a_col]: (a_row, a_col) = (k, 1) reads a as [kTile][k], and
 // (1, kTile) reads it transposed from [k][kTile]. Adds to c when accumulate is set,
-// overwrites it otherwise. Blocks of 6 × 16 keep 12 sums in flight, enough to hide the
-// multiply-add's latency on two FMA units; the 4 rows left over from 64 take a 4 × 16 block.
+// overwrites it otherwise. Blocks of 6 × 16 keep 12 vectors of sums in flight (12 of AVX2's 16
+// registers), enough to hide the multiply-add's latency on two FMA units; the 4 rows left over
+// from 64 take a 4 × 16 block.
 ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, int64_t a_col,
                                      const float* b, int64_t n, int64_t k, bool accumulate) {
   constexpr int kRows = 6;
