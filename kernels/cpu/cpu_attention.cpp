@@ -90,7 +90,25 @@ void load_rows(float* tile, const float* src, int64_t stride, int64_t rows, int6
 typedef float Vec8 __attribute__((vector_size(32), may_alias));
 // The same, at any float's address: rows of the inputs.
 typedef float UnalignedVec8 __attribute__((vector_size(32), aligned(4), may_alias));
-typedef int32_t Lanes8 __attribute__((vector_size(32)));
+
+// The three rounds of an 8 × 8 transpose's lane picks, each of 8 of the 16 lanes of (x, y), y's
+// lanes numbered 8..15 (__builtin_shufflevector: GCC 12 and clang both have it). By reference:
+// a vector by value would take the baseline build's ABI.
+inline __attribute__((always_inline)) void interleave_pairs(const Vec8& x, const Vec8& y, Vec8& low,
+                                                            Vec8& high) {
+  low = __builtin_shufflevector(x, y, 0, 8, 1, 9, 4, 12, 5, 13);
+  high = __builtin_shufflevector(x, y, 2, 10, 3, 11, 6, 14, 7, 15);
+}
+inline __attribute__((always_inline)) void interleave_quads(const Vec8& x, const Vec8& y, Vec8& low,
+                                                            Vec8& high) {
+  low = __builtin_shufflevector(x, y, 0, 1, 8, 9, 4, 5, 12, 13);
+  high = __builtin_shufflevector(x, y, 2, 3, 10, 11, 6, 7, 14, 15);
+}
+inline __attribute__((always_inline)) void join_halves(const Vec8& x, const Vec8& y, Vec8& low,
+                                                       Vec8& high) {
+  low = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11);
+  high = __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15);
+}
 
 // out[c·out_stride + r] = in[r·in_stride + c] for r, c < 8: eight rows in registers, transposed by
 // shuffles (pairs of rows interleaved, then pairs of pairs, then the 128-bit halves).
@@ -98,26 +116,18 @@ inline __attribute__((always_inline)) void transpose_8x8(float* out, int64_t out
                                                          const float* in, int64_t in_stride) {
   Vec8 row[8], pair[8], quad[8];
   for (int r = 0; r < 8; ++r) row[r] = *reinterpret_cast<const UnalignedVec8*>(in + r * in_stride);
-  const Lanes8 low_pairs = {0, 8, 1, 9, 4, 12, 5, 13}, high_pairs = {2, 10, 3, 11, 6, 14, 7, 15};
-  const Lanes8 low_quads = {0, 1, 8, 9, 4, 5, 12, 13}, high_quads = {2, 3, 10, 11, 6, 7, 14, 15};
-  const Lanes8 low_halves = {0, 1, 2, 3, 8, 9, 10, 11}, high_halves = {4, 5, 6, 7, 12, 13, 14, 15};
-  for (int r = 0; r < 8; r += 2) {
-    pair[r] = __builtin_shuffle(row[r], row[r + 1], low_pairs);
-    pair[r + 1] = __builtin_shuffle(row[r], row[r + 1], high_pairs);
-  }
+  for (int r = 0; r < 8; r += 2) interleave_pairs(row[r], row[r + 1], pair[r], pair[r + 1]);
   // quad[q + 4·h]: columns q and q + 4 of rows 4h..4h+3.
   for (int h = 0; h < 2; ++h) {
     const Vec8* pairs = pair + 4 * h;
-    quad[4 * h + 0] = __builtin_shuffle(pairs[0], pairs[2], low_quads);
-    quad[4 * h + 1] = __builtin_shuffle(pairs[0], pairs[2], high_quads);
-    quad[4 * h + 2] = __builtin_shuffle(pairs[1], pairs[3], low_quads);
-    quad[4 * h + 3] = __builtin_shuffle(pairs[1], pairs[3], high_quads);
+    interleave_quads(pairs[0], pairs[2], quad[4 * h + 0], quad[4 * h + 1]);
+    interleave_quads(pairs[1], pairs[3], quad[4 * h + 2], quad[4 * h + 3]);
   }
   for (int q = 0; q < 4; ++q) {
-    *reinterpret_cast<UnalignedVec8*>(out + q * out_stride) =
-        __builtin_shuffle(quad[q], quad[q + 4], low_halves);
-    *reinterpret_cast<UnalignedVec8*>(out + (q + 4) * out_stride) =
-        __builtin_shuffle(quad[q], quad[q + 4], high_halves);
+    Vec8 column, column_plus_4;
+    join_halves(quad[q], quad[q + 4], column, column_plus_4);
+    *reinterpret_cast<UnalignedVec8*>(out + q * out_stride) = column;
+    *reinterpret_cast<UnalignedVec8*>(out + (q + 4) * out_stride) = column_plus_4;
   }
 }
 
