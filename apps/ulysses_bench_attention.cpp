@@ -82,12 +82,11 @@ Timing time_attention(BackendKind device, AttentionKernel kernel, int64_t seq, i
   return best;
 }
 
-}  // namespace
-
 constexpr const char* kUsage = "usage: ulysses-bench-attention [--device cpu|cuda] [seqs] [dims]\n";
 
 // The cpu backend's attention alone: one kernel, timed on the host.
 int bench_cpu(const std::vector<int64_t>& seqs, const std::vector<int64_t>& dims) {
+  int status = 0;
   std::printf(
       "causal attention on the cpu backend, batch 1, q heads · head dim = 2048, 4 q heads per kv "
       "head; best of 3 calls\n");
@@ -96,13 +95,21 @@ int bench_cpu(const std::vector<int64_t>& seqs, const std::vector<int64_t>& dims
   for (int64_t dim : dims)
     for (int64_t seq : seqs) {
       const double forward_flops = 2.0 * double(seq) * double(seq) * 2048.0;
-      const Timing cpu = time_attention(BackendKind::cpu, AttentionKernel::native, seq, dim);
-      std::printf("%5lld %7lld | %10.1f %8.1f | %10.1f %8.1f\n", (long long)dim, (long long)seq,
-                  cpu.forward_ms, forward_flops / cpu.forward_ms * 1e-6, cpu.backward_ms,
-                  2.5 * forward_flops / cpu.backward_ms * 1e-6);
+      try {
+        const Timing cpu = time_attention(BackendKind::cpu, AttentionKernel::native, seq, dim);
+        std::printf("%5lld %7lld | %10.1f %8.1f | %10.1f %8.1f\n", (long long)dim, (long long)seq,
+                    cpu.forward_ms, forward_flops / cpu.forward_ms * 1e-6, cpu.backward_ms,
+                    2.5 * forward_flops / cpu.backward_ms * 1e-6);
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "ulysses-bench-attention: d %lld, T %lld: %s\n", (long long)dim,
+                     (long long)seq, error.what());
+        status = 1;
+      }
     }
-  return 0;
+  return status;
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
