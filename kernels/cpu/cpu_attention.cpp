@@ -193,24 +193,12 @@ ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, in
   }
 }
 
-// The keys of a key tile (first key at position key0, key_rows rows) that the query at
-// position `query` sees under attention_visible (kernels/backend.h) are one run of columns,
-// [first_visible_key, visible_keys): the causal rule ends it, the query's document start
-// (row_start[row]: the document start of each query row of the tile; null without documents)
-// begins it. The loops mask by these two bounds, which keeps them vectorised.
-int64_t visible_keys(int64_t query, int64_t key0, int64_t key_rows) {
-  int64_t count = std::clamp<int64_t>(query - key0 + 1, 0, key_rows);
-  while (count > 0 && !attention_visible(query, key0 + count - 1)) --count;
-  return count;
-}
-
-int64_t first_visible_key(const int64_t* row_start, int64_t row, int64_t key0) {
-  return row_start ? std::max<int64_t>(row_start[row] - key0, 0) : 0;
-}
-
-// The run of keys of a key tile that the tile's query row i sees: [first, end), empty when
-// first >= end. As 32-bit integers (a tile has 64 keys) the loops' masks compare eight lanes
-// per instruction on AVX2 instead of four.
+// The keys of a key tile (first key at position key0, k_rows rows) that the tile's query row i
+// (position q0 + i) sees under attention_visible (kernels/backend.h) are one run of columns,
+// [first, end), empty when first >= end: the causal rule ends it, the query's document start
+// (row_start[i]: the document start of each query row of the tile; null without documents)
+// begins it. The loops mask by these two bounds, which keeps them vectorised; as 32-bit
+// integers (a tile has 64 keys) the masks compare eight lanes per instruction on AVX2, not four.
 struct VisibleRun {
   int32_t first, end;
 };
@@ -218,8 +206,11 @@ struct VisibleRun {
 VisibleRun visible_run(const int64_t* row_start, int64_t q0, int64_t q_rows, int64_t k0,
                        int64_t k_rows, int64_t i) {
   if (i >= q_rows) return {0, 0};
-  return {int32_t(std::min(first_visible_key(row_start, i, k0), kTile)),
-          int32_t(visible_keys(q0 + i, k0, k_rows))};
+  const int64_t query = q0 + i;
+  int64_t end = std::clamp<int64_t>(query - k0 + 1, 0, k_rows);
+  while (end > 0 && !attention_visible(query, k0 + end - 1)) --end;
+  const int64_t first = row_start ? std::max<int64_t>(row_start[i] - k0, 0) : 0;
+  return {int32_t(std::min(first, kTile)), int32_t(end)};
 }
 
 // Tiles are visited only where the causal rule can make a key visible: a key tile starting
