@@ -242,26 +242,27 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
   for (int64_t i = 0; i < kTile; ++i) {
     float* p = scores + i * kTile;
     const VisibleRun keys = visible_run(row_start, q0, q_rows, k0, k_rows, i);
-    if (keys.end <= keys.first) {
+    const int32_t first = keys.first, end = keys.end;
+    if (end <= first) {
       std::fill(p, p + kTile, 0.0f);
       continue;
     }
-    // The loops compute every lane and select with masks (cpu_common.h), so they vectorise.
+    // The loops compute every lane and select with masks (cpu_common.h), so they vectorise; the
+    // bounds are plain locals, as GCC does not vectorise the masks' && over a struct's fields.
     float tile_max = kMinusInfinity;
 #pragma omp simd reduction(max : tile_max)
     for (int32_t j = 0; j < int32_t(kTile); ++j) {
       const float score = p[j];
       tile_max = cpu::vector_max(
-          tile_max,
-          cpu::select(cpu::mask_if(j >= keys.first && j < keys.end), score, kMinusInfinity));
+          tile_max, cpu::select(cpu::mask_if(j >= first && j < end), score, kMinusInfinity));
     }
     const float new_max = std::max(row_max[i], tile_max);
     const float correction = cpu::fast_exp(row_max[i] - new_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int32_t j = 0; j < int32_t(kTile); ++j) {
-      const float value = cpu::select(cpu::mask_if(j >= keys.first && j < keys.end),
-                                      cpu::fast_exp(p[j] - new_max), 0.0f);
+      const float value =
+          cpu::select(cpu::mask_if(j >= first && j < end), cpu::fast_exp(p[j] - new_max), 0.0f);
       p[j] = value;
       sum += value;
     }
@@ -283,11 +284,12 @@ ULYSSES_TILE_KERNEL void softmax_grad_tile(float* probs, float* dprobs, const fl
     float* p = probs + i * kTile;
     float* dp = dprobs + i * kTile;
     const VisibleRun keys = visible_run(row_start, q0, q_rows, k0, k_rows, i);
+    const int32_t first = keys.first, end = keys.end;
     const float row_lse = tile_lse[i], row_d = tile_d[i];
 #pragma omp simd
     for (int32_t j = 0; j < int32_t(kTile); ++j) {
-      const float prob = cpu::select(cpu::mask_if(j >= keys.first && j < keys.end),
-                                     cpu::fast_exp(p[j] - row_lse), 0.0f);
+      const float prob =
+          cpu::select(cpu::mask_if(j >= first && j < end), cpu::fast_exp(p[j] - row_lse), 0.0f);
       p[j] = prob;
       dp[j] = prob * (dp[j] - row_d);
     }
