@@ -179,8 +179,8 @@ inline __attribute__((always_inline)) void tile_matmul_block(float* c, const flo
 // a(i, p) = a[i·a_row + p·a_col]: (a_row, a_col) = (k, 1) reads a as [kTile][k], and
 // (1, kTile) reads it transposed from [k][kTile]. Adds to c when accumulate is set,
 // overwrites it otherwise. Blocks of 6 × 16 keep 12 vectors of sums in flight (12 of AVX2's 16
-// registers), enough to hide the multiply-add's latency on two FMA units; the 4 rows left over
-// from 64 take a 4 × 16 block.
+// registers), enough to hide the multiply-add's latency on two FMA units; the rows left over
+// (4 of 64) take one smaller block.
 ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, int64_t a_col,
                                      const float* b, int64_t n, int64_t k, bool accumulate) {
   constexpr int kRows = 6;
@@ -188,8 +188,9 @@ ULYSSES_TILE_KERNEL void tile_matmul(float* c, const float* a, int64_t a_row, in
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     for (int64_t i0 = 0; i0 < kBlockedRows; i0 += kRows)
       tile_matmul_block<kRows>(c, a, a_row, a_col, b, n, k, accumulate, i0, j0);
-    tile_matmul_block<kTile - kBlockedRows>(c, a, a_row, a_col, b, n, k, accumulate, kBlockedRows,
-                                            j0);
+    if constexpr (kBlockedRows < kTile)
+      tile_matmul_block<kTile - kBlockedRows>(c, a, a_row, a_col, b, n, k, accumulate, kBlockedRows,
+                                              j0);
   }
 }
 
