@@ -7,7 +7,8 @@
 # Why: the same loop left scalar gives the same bits and passes every test, only slower; a
 # small refactor once left the attention backward's softmax loop scalar, +30% on a step.
 # With --check it exits 1 when a loop was not vectorised in some build (a ctest runs it), and
-# 77 when the compiler is not GCC (other compilers report differently).
+# 77 when the compiler is not GCC (other compilers report differently) or the build is not
+# optimised (-O2 or -O3).
 # Usage: scripts/cpu-vectorisation.sh [--build-dir DIR] [--check]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,10 @@ def gcc_reports(entry, path):
     if "Free Software Foundation" not in version:
         print(f"cpu-vectorisation: {args[0]} is not GCC; the check reads GCC's -fopt-info")
         sys.exit(77)
+    if not {"-O2", "-O3"} & set(args):
+        print(f"cpu-vectorisation: {entry['file']} is built without -O2 or -O3 (a Debug build?);"
+              " GCC vectorises from -O2")
+        sys.exit(77)
     with tempfile.TemporaryDirectory() as work:
         out = args.index("-o")
         args[out + 1] = os.path.join(work, "kernel.o")
@@ -79,9 +84,7 @@ def gcc_reports(entry, path):
         return reports
 
 
-failed = []
-print("| kernel file | line of the pragma | versions vectorised | versions left scalar |")
-print("| --- | --- | --- | --- |")
+failed, rows = [], []
 for path in sorted(p for p in entries if "/kernels/cpu/" in p and p.endswith(".cpp")):
     loops = simd_loops(path)
     if not loops:
@@ -91,9 +94,12 @@ for path in sorted(p for p in entries if "/kernels/cpu/" in p and p.endswith(".c
     for pragma, first, last in loops:
         inside = [vectorised for line, vectorised in reports if first <= line <= last]
         done, missed = inside.count(True), inside.count(False)
-        print(f"| {name} | {pragma} | {done} | {missed} |")
+        rows.append(f"| {name} | {pragma} | {done} | {missed} |")
         if done == 0 or missed:
             failed.append(f"{name}:{pragma}")
+print("| kernel file | line of the pragma | versions vectorised | versions left scalar |")
+print("| --- | --- | --- | --- |")
+print("\n".join(rows))
 for loop in failed:
     print(f"not vectorised: the omp simd loop at {loop}")
 sys.exit(1 if check and failed else 0)
