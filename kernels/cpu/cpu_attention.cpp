@@ -248,8 +248,9 @@ ULYSSES_TILE_KERNEL void online_softmax_tile(float* scores, float* o_tile, float
       std::fill(p, p + kTile, 0.0f);
       continue;
     }
-    // The loops compute every lane and select with masks (cpu_common.h), so they vectorise; the
-    // bounds are plain locals, as GCC does not vectorise the masks' && over a struct's fields.
+    // The loops compute every lane and select with masks (cpu_common.h), so they vectorise. The
+    // bounds are plain locals: read from the struct in the loop, GCC left the loop scalar once
+    // visible_run was not inlined (scripts/cpu-vectorisation.sh checks every such loop).
     float tile_max = kMinusInfinity;
 #pragma omp simd reduction(max : tile_max)
     for (int32_t j = 0; j < int32_t(kTile); ++j) {
